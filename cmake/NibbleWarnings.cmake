@@ -1,0 +1,15 @@
+# Warnings are errors for our own C code under gcc and clang; sanitizers for the debug preset.
+function(nibble_strict target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter>)
+  target_compile_definitions(${target} PRIVATE _GNU_SOURCE)
+endfunction()
+
+if(NIBBLE_SANITIZE)
+  add_compile_options($<$<COMPILE_LANGUAGE:C>:-fsanitize=address,undefined> $<$<COMPILE_LANGUAGE:C>:-fno-omit-frame-pointer>
+                      $<$<COMPILE_LANGUAGE:C>:-fno-sanitize-recover=undefined>)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(NIBBLE_NATIVE)
+  add_compile_options($<$<COMPILE_LANGUAGE:C>:-march=native>)
+endif()

@@ -1,0 +1,15 @@
+/* nibble: the public C API in one include.
+ * The Lua FFI declarations are generated from these headers at build time: keep them
+ * free of macros in declarations and of inline function bodies. */
+#ifndef NIBBLE_H
+#define NIBBLE_H
+
+#include "nibble/status.h"
+#include "nibble/ctx.h"
+#include "nibble/dtype.h"
+#include "nibble/tensor.h"
+#include "nibble/safetensors.h"
+#include "nibble/gguf.h"
+#include "nibble/cuda.h"
+
+#endif

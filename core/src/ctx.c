@@ -1,0 +1,294 @@
+/* nb_ctx: errors, counted allocation, RNG, interrupt flag and the persistent thread pool.
+ * The pool runs one nb_parallel_for at a time: workers wait on a generation counter, take a
+ * static chunk each, and the caller runs chunk 0 itself and then waits for the rest. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nibble/ctx.h"
+
+#ifndef NIBBLE_VERSION
+#define NIBBLE_VERSION "0.0.0"
+#endif
+
+enum { NB_MAX_THREADS = 256, NB_ERRLEN = 1024 };
+
+typedef struct nb_pool {
+    pthread_t threads[NB_MAX_THREADS];
+    int n_workers;              /* threads besides the caller */
+    pthread_mutex_t mu;
+    pthread_cond_t start_cv, done_cv;
+    uint64_t generation;
+    int pending;
+    int stop;
+    int busy;                   /* an nb_parallel_for is running (nested calls go serial) */
+    /* the current job */
+    nb_range_fn fn;
+    void *arg;
+    int64_t n, chunk;
+} nb_pool;
+
+struct nb_ctx {
+    int refcount;
+    int threads;
+    nb_status last_status;
+    char last_error[NB_ERRLEN];
+    nb_mem_stats mem;
+    pthread_mutex_t mem_mu;
+    nb_rng rng;
+    volatile sig_atomic_t interrupted;
+    nb_pool *pool;
+};
+
+const char *nb_version(void) { return NIBBLE_VERSION; }
+
+const char *nb_status_name(nb_status s) {
+    switch (s) {
+    case NB_OK: return "NB_OK";
+    case NB_ERR_INVALID: return "NB_ERR_INVALID";
+    case NB_ERR_NOMEM: return "NB_ERR_NOMEM";
+    case NB_ERR_IO: return "NB_ERR_IO";
+    case NB_ERR_FORMAT: return "NB_ERR_FORMAT";
+    case NB_ERR_UNSUPPORTED: return "NB_ERR_UNSUPPORTED";
+    case NB_ERR_SHAPE: return "NB_ERR_SHAPE";
+    case NB_ERR_NOT_FOUND: return "NB_ERR_NOT_FOUND";
+    case NB_ERR_UNCALIBRATED: return "NB_ERR_UNCALIBRATED";
+    case NB_ERR_NUMERIC: return "NB_ERR_NUMERIC";
+    case NB_ERR_INTERRUPTED: return "NB_ERR_INTERRUPTED";
+    case NB_ERR_DEVICE: return "NB_ERR_DEVICE";
+    case NB_ERR_INTERNAL: return "NB_ERR_INTERNAL";
+    }
+    return "NB_ERR_UNKNOWN";
+}
+
+/* ---- thread pool --------------------------------------------------------------------------- */
+
+static void run_chunk(nb_pool *p, int k) {
+    int64_t b = (int64_t)k * p->chunk;
+    int64_t e = b + p->chunk;
+    if (e > p->n) e = p->n;
+    if (b < e) p->fn(p->arg, b, e);
+}
+
+typedef struct { nb_pool *pool; int index; } worker_arg;
+
+static void *worker_main(void *varg) {
+    worker_arg wa = *(worker_arg *)varg;
+    free(varg);
+    nb_pool *p = wa.pool;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->start_cv, &p->mu);
+        if (p->stop) break;
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+        run_chunk(p, wa.index + 1);
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0) pthread_cond_signal(&p->done_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void pool_free(nb_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_workers; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->start_cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p);
+}
+
+static nb_pool *pool_new(int threads) {
+    nb_pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->start_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    for (int i = 0; i < threads - 1; i++) {
+        worker_arg *wa = malloc(sizeof *wa);
+        if (!wa) break;
+        wa->pool = p;
+        wa->index = i;
+        if (pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) { free(wa); break; }
+        p->n_workers++;
+    }
+    return p;
+}
+
+void nb_parallel_for(nb_ctx *ctx, int64_t n, int64_t grain, nb_range_fn fn, void *arg) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    nb_pool *p = ctx ? ctx->pool : NULL;
+    int64_t max_chunks = (n + grain - 1) / grain;
+    int workers = p ? p->n_workers : 0;
+    if (!p || workers == 0 || max_chunks < 2) { fn(arg, 0, n); return; }
+    pthread_mutex_lock(&p->mu);
+    if (p->busy) { pthread_mutex_unlock(&p->mu); fn(arg, 0, n); return; }
+    int64_t nchunks = max_chunks < workers + 1 ? max_chunks : workers + 1;
+    p->busy = 1;
+    p->fn = fn;
+    p->arg = arg;
+    p->n = n;
+    p->chunk = (n + nchunks - 1) / nchunks;
+    p->pending = workers;
+    p->generation++;
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    run_chunk(p, 0);
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    p->busy = 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- context ------------------------------------------------------------------------------- */
+
+static int default_threads(void) {
+    const char *env = getenv("NIBBLE_THREADS");
+    if (env && atoi(env) > 0) return atoi(env);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+nb_status nb_ctx_new(int threads, nb_ctx **out) {
+    *out = NULL;
+    nb_ctx *c = calloc(1, sizeof *c);
+    if (!c) return NB_ERR_NOMEM;
+    c->refcount = 1;
+    pthread_mutex_init(&c->mem_mu, NULL);
+    nb_rng_seed(&c->rng, 0x6e6962626c65ull);  /* "nibble" */
+    nb_status s = nb_ctx_set_threads(c, threads);
+    if (s != NB_OK) { nb_ctx_release(c); return s; }
+    *out = c;
+    return NB_OK;
+}
+
+void nb_ctx_retain(nb_ctx *ctx) { if (ctx) __atomic_add_fetch(&ctx->refcount, 1, __ATOMIC_RELAXED); }
+
+void nb_ctx_release(nb_ctx *ctx) {
+    if (!ctx || __atomic_sub_fetch(&ctx->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+    pool_free(ctx->pool);
+    pthread_mutex_destroy(&ctx->mem_mu);
+    free(ctx);
+}
+
+const char *nb_ctx_last_error(const nb_ctx *ctx) { return ctx ? ctx->last_error : "no context"; }
+nb_status nb_ctx_last_status(const nb_ctx *ctx) { return ctx ? ctx->last_status : NB_ERR_INVALID; }
+void nb_ctx_clear_error(nb_ctx *ctx) { ctx->last_error[0] = 0; ctx->last_status = NB_OK; }
+
+nb_status nb_fail(nb_ctx *ctx, nb_status code, const char *fmt, ...) {
+    if (!ctx) return code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->last_error, sizeof ctx->last_error, fmt, ap);
+    va_end(ap);
+    ctx->last_status = code;
+    return code;
+}
+
+int nb_ctx_threads(const nb_ctx *ctx) { return ctx->threads; }
+
+nb_status nb_ctx_set_threads(nb_ctx *ctx, int threads) {
+    if (threads <= 0) threads = default_threads();
+    if (threads > NB_MAX_THREADS) threads = NB_MAX_THREADS;
+    if (ctx->pool && ctx->threads == threads) return NB_OK;
+    pool_free(ctx->pool);
+    ctx->pool = NULL;
+    ctx->threads = threads;
+    if (threads > 1) {
+        ctx->pool = pool_new(threads);
+        if (!ctx->pool) return nb_fail(ctx, NB_ERR_NOMEM, "cannot create a pool of %d threads", threads);
+        ctx->threads = ctx->pool->n_workers + 1;
+    }
+    return NB_OK;
+}
+
+void nb_ctx_mem(const nb_ctx *ctx, nb_mem_stats *out) {
+    pthread_mutex_lock((pthread_mutex_t *)&ctx->mem_mu);
+    *out = ctx->mem;
+    pthread_mutex_unlock((pthread_mutex_t *)&ctx->mem_mu);
+}
+
+void *nb_alloc(nb_ctx *ctx, size_t bytes) {
+    void *p = NULL;
+    size_t sz = (bytes + 63) & ~(size_t)63;
+    if (sz == 0) sz = 64;
+    if (posix_memalign(&p, 64, sz) != 0 || !p) {
+        if (ctx) nb_fail(ctx, NB_ERR_NOMEM, "out of memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, sz);
+    if (ctx) {
+        pthread_mutex_lock(&ctx->mem_mu);
+        ctx->mem.live_bytes += (int64_t)bytes;
+        ctx->mem.n_allocs++;
+        if (ctx->mem.live_bytes > ctx->mem.peak_bytes) ctx->mem.peak_bytes = ctx->mem.live_bytes;
+        pthread_mutex_unlock(&ctx->mem_mu);
+    }
+    return p;
+}
+
+void nb_dealloc(nb_ctx *ctx, void *p, size_t bytes) {
+    if (!p) return;
+    free(p);
+    if (ctx) {
+        pthread_mutex_lock(&ctx->mem_mu);
+        ctx->mem.live_bytes -= (int64_t)bytes;
+        pthread_mutex_unlock(&ctx->mem_mu);
+    }
+}
+
+/* ---- RNG: xoshiro256** seeded by splitmix64 ----------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+nb_rng *nb_ctx_rng(nb_ctx *ctx) { return &ctx->rng; }
+
+void nb_rng_seed(nb_rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t nb_rng_next(nb_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double nb_rng_uniform(nb_rng *r) { return (double)(nb_rng_next(r) >> 11) * 0x1.0p-53; }
+
+double nb_rng_normal(nb_rng *r) {
+    double u1 = nb_rng_uniform(r), u2 = nb_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void nb_ctx_interrupt(nb_ctx *ctx) { ctx->interrupted = 1; }
+int nb_ctx_interrupted(const nb_ctx *ctx) { return ctx->interrupted != 0; }
+void nb_ctx_clear_interrupt(nb_ctx *ctx) { ctx->interrupted = 0; }

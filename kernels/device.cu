@@ -1,0 +1,12 @@
+// CUDA device discovery: the one place the core asks whether a GPU is present.
+// Tests of CUDA kernels call nb_cuda_device_count() and exit 77 (skipped) when it is 0.
+#include <cuda_runtime.h>
+
+extern "C" int nb_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky "no device" error
+        return 0;
+    }
+    return n;
+}

@@ -1,0 +1,16 @@
+#!/bin/sh
+# The whole test suite on a fresh Debian 12 machine (as root): install the packages, build
+# (release, CUDA kernels compiled and linked when nvcc is present), run ctest.
+# NIBBLE_TEST_SANITIZE=1 also builds the debug preset (ASan+UBSan) and runs ctest there.
+set -eu
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+JOBS=$(nproc 2>/dev/null || echo 2)
+cmake --preset release >/dev/null
+cmake --build build -j"$JOBS"
+ctest --test-dir build --output-on-failure -j"$JOBS"
+if [ "${NIBBLE_TEST_SANITIZE:-0}" = 1 ]; then
+  cmake --preset debug >/dev/null
+  cmake --build build-debug -j"$JOBS"
+  ctest --test-dir build-debug --output-on-failure -j"$JOBS"
+fi

@@ -1,0 +1,68 @@
+/* A tiny test harness for nibble's C unit tests: CHECK macros that count and report failures,
+ * a shared-data path helper that skips (exit 77) when ../shared/data is absent. */
+#ifndef NBTEST_H
+#define NBTEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "nibble/nibble.h"
+
+static int nbt_failures = 0;
+static int nbt_checks = 0;
+
+#define CHECK(cond) do { nbt_checks++; if (!(cond)) { nbt_failures++; \
+    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); } } while (0)
+#define CHECK_MSG(cond, ...) do { nbt_checks++; if (!(cond)) { nbt_failures++; \
+    fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#define CHECK_EQ_INT(a, b) do { long long _a = (long long)(a), _b = (long long)(b); nbt_checks++; \
+    if (_a != _b) { nbt_failures++; fprintf(stderr, "%s:%d: %s == %s failed: %lld vs %lld\n", \
+    __FILE__, __LINE__, #a, #b, _a, _b); } } while (0)
+#define CHECK_NEAR(a, b, tol) do { double _a = (double)(a), _b = (double)(b); nbt_checks++; \
+    if (!(fabs(_a - _b) <= (tol))) { nbt_failures++; fprintf(stderr, "%s:%d: |%s - %s| <= %g failed: %.9g vs %.9g\n", \
+    __FILE__, __LINE__, #a, #b, (double)(tol), _a, _b); } } while (0)
+/* A call that must succeed: prints the context's message if it does not. */
+#define CHECK_OK(ctx, call) do { nb_status _s = (call); nbt_checks++; if (_s != NB_OK) { nbt_failures++; \
+    fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, nb_status_name(_s), \
+    nb_ctx_last_error(ctx)); } } while (0)
+/* A call that must fail with `code` and a message containing `needle`. */
+#define CHECK_FAIL(ctx, call, code, needle) do { nb_status _s = (call); nbt_checks++; \
+    if (_s != (code) || !strstr(nb_ctx_last_error(ctx), (needle))) { nbt_failures++; \
+    fprintf(stderr, "%s:%d: %s -> %s \"%s\", wanted %s containing \"%s\"\n", __FILE__, __LINE__, #call, \
+    nb_status_name(_s), nb_ctx_last_error(ctx), nb_status_name(code), (needle)); } } while (0)
+
+/* Exit code for main(): prints a summary line. */
+static inline int nbt_done(const char *name) {
+    printf("%s: %d checks, %d failed\n", name, nbt_checks, nbt_failures);
+    return nbt_failures ? 1 : 0;
+}
+
+/* Path under ../shared/data, or skip the whole test (exit 77) if it is missing. */
+static inline const char *nbt_data(const char *rel) {
+    static char buf[8][4096];
+    static int k = 0;
+    const char *root = getenv("NIBBLE_SHARED_DATA");
+    char *out = buf[k++ & 7];
+    snprintf(out, 4096, "%s/%s", root ? root : "../shared/data", rel);
+    FILE *f = fopen(out, "rb");
+    if (!f) {
+        printf("SKIP: shared data file %s is absent\n", out);
+        exit(77);
+    }
+    fclose(f);
+    return out;
+}
+
+/* Path under the source tree (tests run from the source root; NIBBLE_SOURCE_DIR wins). */
+static inline const char *nbt_src(const char *rel) {
+    static char buf[8][4096];
+    static int k = 0;
+    const char *root = getenv("NIBBLE_SOURCE_DIR");
+    char *out = buf[k++ & 7];
+    snprintf(out, 4096, "%s/%s", root ? root : ".", rel);
+    return out;
+}
+
+#endif
