@@ -1,0 +1,429 @@
+-- Recipes: load a recipe file (declarative table or imperative script), compose it with `extends`,
+-- validate every key before any compute, and resolve the ordered quantization rules against a
+-- model's modules into a plan (each module's format, or the reason it is excluded).
+-- Pure Lua: no FFI here, so the matcher and validation are testable without a model.
+
+local M = {}
+
+---------------------------------------------------------------------------------------------------
+-- presets: what each named format means for a linear module
+---------------------------------------------------------------------------------------------------
+
+M.presets = {
+  nvfp4_w4a16   = { format = "nvfp4", block = 16, weight = "dynamic", input = nil,
+                    quant_algo = "W4A16_NVFP4" },
+  nvfp4         = { format = "nvfp4", block = 16, weight = "dynamic", input = "nvfp4",
+                    quant_algo = "NVFP4" },
+  nvfp4_static  = { format = "nvfp4", block = 16, weight = "static", input = nil,
+                    quant_algo = "W4A16_NVFP4" },
+  nvfp4_4o6     = { format = "nvfp4", block = 16, weight = "static", four_over_six = true, input = nil,
+                    quant_algo = "W4A16_NVFP4" },
+  nvfp4_4o6_a4  = { format = "nvfp4", block = 16, weight = "static", four_over_six = true, input = "nvfp4",
+                    quant_algo = "NVFP4" },
+  mxfp8         = { format = "mxfp8", block = 32, weight = "dynamic", input = nil, quant_algo = "MXFP8" },
+  fp8           = { format = "fp8", block = 0, weight = "per_tensor", input = "fp8", quant_algo = "FP8" },
+  fp8_per_channel = { format = "fp8", block = 0, weight = "per_channel", input = nil,
+                      quant_algo = "FP8_PER_CHANNEL_PER_TOKEN" },
+}
+
+-- KV-cache presets are a separate key (`kv_cache = "fp8"`), not per-module rules.
+M.kv_presets = { fp8 = { quant_algo = "FP8" } }
+
+M.algorithms = { max = true, mse = true, four_over_six = true }
+M.layouts = { modelopt = true, ["compressed-tensors"] = true }
+
+---------------------------------------------------------------------------------------------------
+-- schema: the keys a recipe may have (unknown keys are errors with a did-you-mean)
+---------------------------------------------------------------------------------------------------
+
+M.schema = {
+  extends = true, name = true, description = true, model = "table", quantize = "list",
+  algorithm = "string", calibration = "table", distill = "table", export = "table", eval = "table",
+  allow_uncalibrated = "boolean", kv_cache = true, seed = "number", threads = "number",
+}
+M.sub_schema = {
+  model = { path = true, teacher = true, dtype = true },
+  calibration = { data = true, samples = true, seq_len = true, batch = true, pack = true,
+                  random_offset = true, seed = true, text_field = true },
+  distill = { loss = true, temperature = true, t2 = true, topk = true, lm_loss = true, kd_loss_scale = true,
+              steps = true, lr = true, min_lr = true, warmup = true, batch = true, seq_len = true,
+              grad_accum = true, clip = true, weight_decay = true, sft_mask = true, data = true,
+              eval_data = true, eval_every = true, checkpoint_every = true, checkpoint_dir = true,
+              resume = true, recalibrate = true, metrics = true, seed = true },
+  export = { dir = true, layout = true, max_shard_size = true },
+  eval = { data = true, ctx = true, chunks = true },
+}
+
+local function keys_of(t)
+  local out = {}
+  for k in pairs(t) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+
+-- Levenshtein distance, for did-you-mean suggestions.
+local function distance(a, b)
+  local la, lb = #a, #b
+  local prev, cur = {}, {}
+  for j = 0, lb do prev[j] = j end
+  for i = 1, la do
+    cur[0] = i
+    for j = 1, lb do
+      local cost = (a:sub(i, i) == b:sub(j, j)) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev, cur = cur, prev
+  end
+  return prev[lb]
+end
+
+local function did_you_mean(word, candidates)
+  local best, bd = nil, math.huge
+  for _, c in ipairs(candidates) do
+    local d = distance(word, c)
+    if d < bd then best, bd = c, d end
+  end
+  if best and bd <= math.max(2, math.floor(#word / 3)) then
+    return string.format(" (did you mean '%s'?)", best)
+  end
+  return ""
+end
+M.did_you_mean = did_you_mean
+
+local function check_keys(t, allowed, where)
+  for k in pairs(t) do
+    if type(k) ~= "string" then
+      error(string.format("recipe: %s has a non-string key %s", where, tostring(k)), 0)
+    end
+    if allowed[k] == nil then
+      error(string.format("recipe: unknown key '%s' in %s%s", k, where, did_you_mean(k, keys_of(allowed))), 0)
+    end
+  end
+end
+
+---------------------------------------------------------------------------------------------------
+-- globs
+---------------------------------------------------------------------------------------------------
+
+-- fnmatch-style glob (`*` any run, `?` one char, `[abc]` a class) to an anchored Lua pattern.
+function M.glob_to_pattern(glob)
+  local out, i = { "^" }, 1
+  while i <= #glob do
+    local c = glob:sub(i, i)
+    if c == "*" then
+      out[#out + 1] = ".*"
+    elseif c == "?" then
+      out[#out + 1] = "."
+    elseif c == "[" then
+      local j = glob:find("]", i + 1, true)
+      if not j then error("recipe: unterminated '[' in glob '" .. glob .. "'", 0) end
+      out[#out + 1] = "[" .. glob:sub(i + 1, j - 1):gsub("%%", "%%%%") .. "]"
+      i = j
+    else
+      out[#out + 1] = c:gsub("[%^%$%(%)%%%.%+%-%?%[%]]", "%%%0")
+    end
+    i = i + 1
+  end
+  out[#out + 1] = "$"
+  return table.concat(out)
+end
+
+function M.glob_match(glob, name)
+  return name:match(M.glob_to_pattern(glob)) ~= nil
+end
+
+local function is_wildcard(glob)
+  return glob:find("[%*%?%[]") ~= nil
+end
+
+---------------------------------------------------------------------------------------------------
+-- loading and composition
+---------------------------------------------------------------------------------------------------
+
+M.search_path = {}   -- directories searched for `extends` names (the recipes/ folder is added by init)
+
+local function file_exists(path)
+  local f = io.open(path, "r")
+  if f then f:close() return true end
+  return false
+end
+
+local function dirname(path)
+  return path:match("^(.*)/[^/]*$") or "."
+end
+
+function M.find(name, from_dir)
+  if name:sub(-4) ~= ".lua" then name = name .. ".lua" end
+  if name:sub(1, 1) == "/" then
+    if file_exists(name) then return name end
+    return nil
+  end
+  local dirs = {}
+  if from_dir then dirs[#dirs + 1] = from_dir end
+  for _, d in ipairs(M.search_path) do dirs[#dirs + 1] = d end
+  for _, d in ipairs(dirs) do
+    local p = d .. "/" .. name
+    if file_exists(p) then return p end
+  end
+  return nil
+end
+
+local tagged = setmetatable({}, { __mode = "k" })   -- recipe tables made by nibble.recipe / load
+local paths = setmetatable({}, { __mode = "k" })    -- recipe table -> the file it came from
+
+-- rules .. the rules of units/default_exclusions (for units that start from "everything").
+function M.with_default_exclusions(rules)
+  local path = M.find("units/default_exclusions")
+  if not path then error("recipe: units/default_exclusions.lua not found on the recipe search path", 0) end
+  local out = {}
+  for _, r in ipairs(rules) do out[#out + 1] = r end
+  for _, r in ipairs(dofile(path).quantize) do
+    local copy = { optional = true }
+    for k, v in pairs(r) do copy[k] = v end
+    out[#out + 1] = copy
+  end
+  return out
+end
+
+-- `nibble.recipe{...}`: marks a table as a declarative recipe (validated when resolved).
+function M.new(t)
+  if type(t) ~= "table" then error("recipe: nibble.recipe expects a table", 2) end
+  tagged[t] = true
+  return t
+end
+
+function M.is_recipe(t)
+  return type(t) == "table" and tagged[t] == true
+end
+
+-- Run a recipe file with `arg` (a table of key=value strings). A declarative recipe returns a table;
+-- an imperative one does its work and returns nothing (nil is returned then).
+function M.load(path, args, env_extra)
+  local chunk, err = loadfile(path)
+  if not chunk then error("recipe: " .. err, 0) end
+  local env = setmetatable({ arg = args or {}, recipe = M }, { __index = _G })
+  if env_extra then for k, v in pairs(env_extra) do env[k] = v end end
+  setfenv(chunk, env)
+  local r = chunk()
+  if r == nil then return nil end
+  if type(r) ~= "table" then error("recipe: " .. path .. " returned a " .. type(r) .. ", expected a table", 0) end
+  tagged[r] = true
+  paths[r] = path
+  return r
+end
+
+local function deep_merge(base, over)
+  local out = {}
+  for k, v in pairs(base) do out[k] = v end
+  for k, v in pairs(over) do
+    if type(v) == "table" and type(out[k]) == "table" and k ~= "quantize" then
+      out[k] = deep_merge(out[k], v)
+    else
+      out[k] = v
+    end
+  end
+  return out
+end
+
+-- Flatten `extends` (a name or a list of names, applied in order) into one table. Quantize rules
+-- concatenate base-first, so the recipe's own rules come last and win.
+function M.compose(r, args, seen)
+  seen = seen or {}
+  local ext = r.extends
+  local from_dir = paths[r] and dirname(paths[r]) or nil
+  local base = {}
+  local rules = {}
+  if ext then
+    if type(ext) == "string" then ext = { ext } end
+    for _, name in ipairs(ext) do
+      local path = M.find(name, from_dir)
+      if not path then error("recipe: extends '" .. name .. "': no such recipe or unit", 0) end
+      if seen[path] then error("recipe: extends cycle through " .. path, 0) end
+      seen[path] = true
+      local unit = M.load(path, args)
+      if not unit then error("recipe: unit " .. path .. " returned nothing", 0) end
+      unit = M.compose(unit, args, seen)
+      for j, rule in ipairs(unit.quantize or {}) do
+        local copy = {}
+        for k, v in pairs(rule) do copy[k] = v end
+        if not copy.from then copy.from, copy.pos = name, j end
+        rules[#rules + 1] = copy
+      end
+      unit.quantize = nil
+      base = deep_merge(base, unit)
+    end
+  end
+  for _, rule in ipairs(r.quantize or {}) do rules[#rules + 1] = rule end
+  local own = {}
+  for k, v in pairs(r) do own[k] = v end
+  own.quantize = nil
+  local out = deep_merge(base, own)
+  out.extends = nil
+  out.quantize = rules
+  tagged[out] = true
+  paths[out] = paths[r]
+  return out
+end
+
+---------------------------------------------------------------------------------------------------
+-- validation (before any compute)
+---------------------------------------------------------------------------------------------------
+
+local function normalize_rule(rule, i)
+  if type(rule) ~= "table" then error(string.format("recipe: quantize[%d] must be a table {glob, format}", i), 0) end
+  local glob, fmt, opts = rule[1], rule[2], rule[3]
+  if type(glob) ~= "string" then
+    error(string.format("recipe: quantize[%d]: the first element must be a glob string", i), 0)
+  end
+  if fmt ~= false and type(fmt) ~= "string" then
+    error(string.format("recipe: quantize[%d] ('%s'): the format must be a preset name or false", i, glob), 0)
+  end
+  if type(fmt) == "string" and not M.presets[fmt] then
+    local names = keys_of(M.presets)
+    error(string.format("recipe: quantize[%d] ('%s'): unknown format '%s'%s; known: %s", i, glob, fmt,
+      did_you_mean(fmt, names), table.concat(names, ", ")), 0)
+  end
+  for k in pairs(rule) do
+    if k ~= 1 and k ~= 2 and k ~= 3 and k ~= "optional" and k ~= "from" and k ~= "pos" and k ~= "reason" then
+      error(string.format("recipe: quantize[%d] ('%s'): unknown key '%s'", i, glob, tostring(k)), 0)
+    end
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    error(string.format("recipe: quantize[%d] ('%s'): options must be a table", i, glob), 0)
+  end
+  return { glob = glob, format = fmt, opts = opts or {}, optional = rule.optional or (rule.from ~= nil),
+           from = rule.from, reason = rule.reason, index = i, pos = rule.pos or i }
+end
+
+function M.validate(r)
+  check_keys(r, M.schema, "the recipe")
+  for k, kind in pairs(M.schema) do
+    local v = r[k]
+    if v ~= nil and kind ~= true then
+      local want = kind == "list" and "table" or kind
+      if type(v) ~= want then
+        error(string.format("recipe: '%s' must be a %s, got %s", k, kind, type(v)), 0)
+      end
+    end
+  end
+  for k, allowed in pairs(M.sub_schema) do
+    if type(r[k]) == "table" then check_keys(r[k], allowed, "'" .. k .. "'") end
+  end
+  if r.algorithm and not M.algorithms[r.algorithm] then
+    error(string.format("recipe: unknown algorithm '%s'%s; known: max, mse, four_over_six", r.algorithm,
+      did_you_mean(r.algorithm, keys_of(M.algorithms))), 0)
+  end
+  if r.export and r.export.layout and not M.layouts[r.export.layout] then
+    error(string.format("recipe: unknown export layout '%s'%s; known: modelopt, compressed-tensors",
+      r.export.layout, did_you_mean(r.export.layout, keys_of(M.layouts))), 0)
+  end
+  if r.kv_cache ~= nil and r.kv_cache ~= false and not M.kv_presets[r.kv_cache] then
+    error(string.format("recipe: unknown kv_cache '%s'; known: fp8", tostring(r.kv_cache)), 0)
+  end
+  local rules, own = {}, 0
+  for i, rule in ipairs(r.quantize or {}) do
+    if not rule.from then own = own + 1 end
+    rules[i] = normalize_rule(rule, i)
+    -- how messages name a rule: its place in the recipe, or in the unit it came from
+    rules[i].label = rule.from and string.format("rule %d of %s", rule.pos, rule.from)
+                     or string.format("rule %d", own)
+  end
+  return rules
+end
+
+---------------------------------------------------------------------------------------------------
+-- resolution against a model
+---------------------------------------------------------------------------------------------------
+
+-- modules: list of { name = "model.layers.0.mlp.down_proj", kind = "linear"|"embedding"|"norm",
+--                    in_features = 172, out_features = 64, tied = bool (lm_head tied to embeddings) }
+-- Returns the plan: one entry per module, in model order:
+--   { name, kind, format = preset name or nil, preset = M.presets[...], rule = index, reason = string }
+function M.resolve(r, modules)
+  local rules = M.validate(r)
+  local hits = {}
+  local plan = {}
+  for _, m in ipairs(modules) do
+    local entry = { name = m.name, kind = m.kind, in_features = m.in_features, out_features = m.out_features }
+    if m.kind ~= "linear" then
+      entry.reason = m.kind .. " (no quantizer)"
+    else
+      local chosen
+      for _, rule in ipairs(rules) do
+        if M.glob_match(rule.glob, m.name) then
+          hits[rule.index] = (hits[rule.index] or 0) + 1
+          chosen = rule
+        end
+      end
+      if not chosen then
+        entry.reason = "no rule matches"
+      elseif chosen.format == false then
+        entry.reason = chosen.reason or string.format("excluded by %s '%s'", chosen.label, chosen.glob)
+      elseif m.tied and chosen.format then
+        -- a tied lm_head is the embedding matrix: quantizing it would quantize the embeddings too
+        if is_wildcard(chosen.glob) then
+          entry.reason = "tied to model.embed_tokens (not quantized)"
+        else
+          error(string.format("recipe: %s '%s' asks to quantize %s, but it is tied to the embeddings "
+            .. "(tie_word_embeddings); untie it first or drop the rule", chosen.label, chosen.glob, m.name), 0)
+        end
+      else
+        local p = M.presets[chosen.format]
+        local block = (chosen.opts.block or p.block)
+        if block > 0 and m.in_features and m.in_features % block ~= 0 then
+          local why = string.format("in_features %d is not divisible by the %s block size %d",
+            m.in_features, p.format, block)
+          if is_wildcard(chosen.glob) then
+            entry.reason = why
+          else
+            error(string.format("recipe: %s '%s' asks for %s on %s, but %s", chosen.label, chosen.glob,
+              chosen.format, m.name, why), 0)
+          end
+        else
+          entry.format = chosen.format
+          entry.preset = p
+          entry.opts = chosen.opts
+          entry.rule = chosen.index
+        end
+      end
+    end
+    plan[#plan + 1] = entry
+  end
+  -- a rule of the recipe's own that matches nothing is almost always a typo
+  for _, rule in ipairs(rules) do
+    if not hits[rule.index] and not rule.optional then
+      local all = {}
+      for _, m in ipairs(modules) do if M.glob_match(rule.glob, m.name) then all[#all + 1] = m.name end end
+      if #all == 0 then
+        local names = {}
+        for _, m in ipairs(modules) do names[#names + 1] = m.name end
+        error(string.format("recipe: %s '%s' matches no module%s", rule.label, rule.glob,
+          did_you_mean(rule.glob, names)), 0)
+      end
+    end
+  end
+  return plan
+end
+
+-- The plan as text: one line per module, then a summary by format.
+function M.format_plan(plan)
+  local lines, counts, width = {}, {}, 0
+  for _, e in ipairs(plan) do width = math.max(width, #e.name) end
+  for _, e in ipairs(plan) do
+    local what
+    if e.format then
+      what = e.format
+      counts[e.format] = (counts[e.format] or 0) + 1
+    else
+      what = "-        " .. e.reason
+      counts["excluded"] = (counts["excluded"] or 0) + 1
+    end
+    lines[#lines + 1] = string.format("%-" .. width .. "s  %s", e.name, what)
+  end
+  local summary = {}
+  for _, k in ipairs(keys_of(counts)) do summary[#summary + 1] = string.format("%s: %d", k, counts[k]) end
+  lines[#lines + 1] = string.format("%d modules (%s)", #plan, table.concat(summary, ", "))
+  return table.concat(lines, "\n")
+end
+
+return M

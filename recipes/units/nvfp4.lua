@@ -1,0 +1,6 @@
+-- Every linear layer in nvfp4, then the default exclusions (lm_head, routers, MoE gates).
+-- Recipes that extend this unit add their own rules after these; the last match wins.
+return {
+  quantize = recipe.with_default_exclusions { { "*", "nvfp4" } },
+  algorithm = "max",
+}

@@ -1,0 +1,151 @@
+-- Recipe matcher and validation: globs, last-match-wins, extends/units, every validation error
+-- (with did-you-mean), block-size exclusions vs explicit requests, tied lm_head, and plan text.
+local recipe = require "nibble.recipe"
+
+local src = os.getenv("NIBBLE_SOURCE_DIR") or "."
+recipe.search_path = { src .. "/recipes" }
+
+-- stories260K's linear modules (dim 64, hidden 172, 5 layers, tied embeddings)
+local function stories_modules(untied)
+  local mods = { { name = "model.embed_tokens", kind = "embedding" } }
+  for l = 0, 4 do
+    local p = "model.layers." .. l
+    mods[#mods + 1] = { name = p .. ".input_layernorm", kind = "norm" }
+    for _, n in ipairs { "q_proj", "k_proj", "v_proj", "o_proj" } do
+      mods[#mods + 1] = { name = p .. ".self_attn." .. n, kind = "linear", in_features = 64, out_features = 64 }
+    end
+    mods[#mods + 1] = { name = p .. ".post_attention_layernorm", kind = "norm" }
+    mods[#mods + 1] = { name = p .. ".mlp.gate_proj", kind = "linear", in_features = 64, out_features = 172 }
+    mods[#mods + 1] = { name = p .. ".mlp.up_proj", kind = "linear", in_features = 64, out_features = 172 }
+    mods[#mods + 1] = { name = p .. ".mlp.down_proj", kind = "linear", in_features = 172, out_features = 64 }
+  end
+  mods[#mods + 1] = { name = "model.norm", kind = "norm" }
+  mods[#mods + 1] = { name = "lm_head", kind = "linear", in_features = 64, out_features = 512, tied = not untied }
+  return mods
+end
+
+local function by_name(plan)
+  local t = {}
+  for _, e in ipairs(plan) do t[e.name] = e end
+  return t
+end
+
+local function err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert.is_false(ok)
+  return tostring(e)
+end
+
+describe("globs", function()
+  it("match like fnmatch", function()
+    assert.is_true(recipe.glob_match("*", "model.layers.0.mlp.up_proj"))
+    assert.is_true(recipe.glob_match("*.mlp.*", "model.layers.0.mlp.up_proj"))
+    assert.is_false(recipe.glob_match("*.mlp.*", "model.layers.0.self_attn.q_proj"))
+    assert.is_true(recipe.glob_match("model.layers.?.self_attn.[qk]_proj", "model.layers.3.self_attn.k_proj"))
+    assert.is_false(recipe.glob_match("model.layers.?.self_attn.[qk]_proj", "model.layers.3.self_attn.v_proj"))
+    assert.is_false(recipe.glob_match("lm_head", "model.lm_head"))
+    assert.is_true(recipe.glob_match("*lm_head*", "model.lm_head"))
+    -- dots and other magic characters are literal
+    assert.is_false(recipe.glob_match("model.layers.1", "modelXlayersX1"))
+    assert.is_true(recipe.glob_match("a+b%c", "a+b%c"))
+  end)
+end)
+
+describe("resolve", function()
+  it("applies the unit, excludes down_proj for its 172 width and the tied lm_head", function()
+    local r = recipe.compose(recipe.new { extends = "units/nvfp4_w4a16" })
+    local plan = by_name(recipe.resolve(r, stories_modules()))
+    assert.equal("nvfp4_w4a16", plan["model.layers.0.self_attn.q_proj"].format)
+    assert.equal("nvfp4_w4a16", plan["model.layers.4.mlp.gate_proj"].format)
+    assert.is_nil(plan["model.layers.2.mlp.down_proj"].format)
+    assert.equal("in_features 172 is not divisible by the nvfp4 block size 16",
+      plan["model.layers.2.mlp.down_proj"].reason)
+    assert.is_nil(plan["lm_head"].format)
+    assert.matches("default exclusion", plan["lm_head"].reason)
+    assert.equal("norm (no quantizer)", plan["model.norm"].reason)
+  end)
+
+  it("last match wins: per-module formats and exclusions", function()
+    local r = recipe.compose(recipe.new {
+      extends = "units/nvfp4",
+      quantize = { { "*.mlp.*", "mxfp8" }, { "model.layers.0.*", false } },
+    })
+    local plan = by_name(recipe.resolve(r, stories_modules()))
+    assert.equal("nvfp4", plan["model.layers.1.self_attn.o_proj"].format)
+    assert.equal("mxfp8", plan["model.layers.1.mlp.up_proj"].format)
+    assert.is_nil(plan["model.layers.0.mlp.up_proj"].format)
+    assert.matches("excluded by rule 2 'model.layers.0.%*'", plan["model.layers.0.mlp.up_proj"].reason)
+    -- mxfp8 blocks are 32 wide: 172 is not a multiple either
+    assert.equal("in_features 172 is not divisible by the mxfp8 block size 32",
+      plan["model.layers.3.mlp.down_proj"].reason)
+  end)
+
+  it("quantizes an untied lm_head when asked by name", function()
+    local r = recipe.compose(recipe.new { extends = "units/nvfp4_w4a16", quantize = { { "lm_head", "nvfp4_w4a16" } } })
+    local plan = by_name(recipe.resolve(r, stories_modules(true)))
+    assert.equal("nvfp4_w4a16", plan["lm_head"].format)
+  end)
+
+  it("refuses to quantize a tied lm_head by name", function()
+    local r = recipe.compose(recipe.new { extends = "units/nvfp4_w4a16", quantize = { { "lm_head", "nvfp4_w4a16" } } })
+    assert.matches("tied to the embeddings", err_of(recipe.resolve, r, stories_modules()))
+  end)
+
+  it("an explicit request for a module the block size cannot divide is an error", function()
+    local r = recipe.compose(recipe.new { quantize = { { "model.layers.1.mlp.down_proj", "nvfp4" } } })
+    assert.equal("recipe: rule 1 'model.layers.1.mlp.down_proj' asks for nvfp4 on model.layers.1.mlp.down_proj, "
+      .. "but in_features 172 is not divisible by the nvfp4 block size 16", err_of(recipe.resolve, r, stories_modules()))
+  end)
+
+  it("a rule that matches nothing is an error with a suggestion", function()
+    local r = recipe.compose(recipe.new { extends = "units/nvfp4", quantize = { { "model.layers.0.mlp.up_prj", "fp8" } } })
+    assert.equal("recipe: rule 1 'model.layers.0.mlp.up_prj' matches no module (did you mean 'model.layers.0.mlp.up_proj'?)",
+      err_of(recipe.resolve, r, stories_modules()))
+  end)
+
+  it("unit rules that match nothing (routers in a dense model) are fine", function()
+    local r = recipe.compose(recipe.new { extends = "units/fp8" })
+    local plan = recipe.resolve(r, stories_modules())
+    assert.equal(#stories_modules(), #plan)
+  end)
+end)
+
+describe("validation", function()
+  local mods = stories_modules()
+  it("unknown top-level key, with did-you-mean", function()
+    assert.equal("recipe: unknown key 'algoritm' in the recipe (did you mean 'algorithm'?)",
+      err_of(recipe.resolve, recipe.new { algoritm = "max" }, mods))
+  end)
+  it("unknown nested key", function()
+    assert.equal("recipe: unknown key 'sample' in 'calibration' (did you mean 'samples'?)",
+      err_of(recipe.resolve, recipe.new { calibration = { sample = 4 } }, mods))
+  end)
+  it("unknown format", function()
+    assert.matches("unknown format 'nvfp5' %(did you mean 'nvfp4'%?%)",
+      err_of(recipe.resolve, recipe.new { quantize = { { "*", "nvfp5" } } }, mods))
+  end)
+  it("unknown algorithm and layout", function()
+    assert.matches("unknown algorithm 'mse2'", err_of(recipe.resolve, recipe.new { algorithm = "mse2" }, mods))
+    assert.matches("unknown export layout 'modelop' %(did you mean 'modelopt'%?%)",
+      err_of(recipe.resolve, recipe.new { export = { layout = "modelop" } }, mods))
+  end)
+  it("bad rule shapes", function()
+    assert.matches("first element must be a glob", err_of(recipe.resolve, recipe.new { quantize = { { 3, "fp8" } } }, mods))
+    assert.matches("must be a preset name or false", err_of(recipe.resolve, recipe.new { quantize = { { "*", true } } }, mods))
+    assert.matches("'quantize' must be a list", err_of(recipe.resolve, recipe.new { quantize = "fp8" }, mods))
+  end)
+  it("extends that does not exist, and cycles", function()
+    assert.matches("extends 'units/nope': no such recipe or unit",
+      err_of(recipe.compose, recipe.new { extends = "units/nope" }))
+  end)
+end)
+
+describe("plan text", function()
+  it("lists every module with its format or reason, and a summary", function()
+    local r = recipe.compose(recipe.new { extends = "units/nvfp4_w4a16" })
+    local text = recipe.format_plan(recipe.resolve(r, stories_modules()))
+    assert.matches("model.layers.0.self_attn.q_proj%s+nvfp4_w4a16\n", text)
+    assert.matches("model.layers.0.mlp.down_proj%s+%-%s+in_features 172 is not divisible", text)
+    assert.matches("\n48 modules %(excluded: 18, nvfp4_w4a16: 30%)$", text)
+  end)
+end)
