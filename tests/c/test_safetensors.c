@@ -187,7 +187,7 @@ static const spec SHARDED[] = {
     {"embed.weight", NB_F32, 2, {8, 4}}, {"layers.0.w", NB_BF16, 2, {4, 4}},
     {"layers.0.scale", NB_E4M3, 1, {4}}, {"big", NB_F32, 1, {64}}, {"layers.1.w", NB_BF16, 2, {4, 8}},
     {"layers.1.bias", NB_F32, 1, {4}}, {"na\xc3\xafve\"name", NB_F16, 1, {3}}, {"empty", NB_F32, 1, {0}},
-    {"scalar", NB_I64, 0, {0}},
+    {"scalar", NB_I64, 0, {0}}, {"emoji\xf0\x9f\x98\x80", NB_U8, 1, {1}}, {"del\x7f", NB_U8, 1, {1}},
 };
 
 /* ---- FORMATS.md §10 TV8 ---------------------------------------------------------------------- */

@@ -68,6 +68,8 @@ static void test_single(nb_ctx *ctx) {
     expect(ctx, mkfile("badjson.safetensors", "{\"a\":{\"dtype\":", -1, 0), NB_ERR_FORMAT, "not valid JSON");
     expect(ctx, mkfile("badjson2.safetensors", "{\"a\" 1}", -1, 0), NB_ERR_FORMAT, "not valid JSON");
     expect(ctx, mkfile("trailing.safetensors", "{} x    ", -1, 0), NB_ERR_FORMAT, "trailing data at byte 3");
+    expect(ctx, mkfile("ctlchar.safetensors", "{\"a\tb\":{}}", -1, 0), NB_ERR_FORMAT,
+           "raw control character in a string at byte 3");
     expect(ctx, mkfile("utf8.safetensors", "{\"\xff\":1}", -1, 0), NB_ERR_FORMAT, "not valid UTF-8");
     expect(ctx, mkfile("surrogate.safetensors", "{\"\xed\xa0\x80\":1}", -1, 0), NB_ERR_FORMAT, "not valid UTF-8");
 

@@ -75,6 +75,7 @@ SHARDED = [
     ("embed.weight", "F32", [8, 4]), ("layers.0.w", "BF16", [4, 4]), ("layers.0.scale", "F8_E4M3", [4]),
     ("big", "F32", [64]), ("layers.1.w", "BF16", [4, 8]), ("layers.1.bias", "F32", [4]),
     ("na\u00efve\"name", "F16", [3]), ("empty", "F32", [0]), ("scalar", "I64", []),
+    ("emoji\U0001F600", "U8", [1]), ("del\x7f", "U8", [1]),
 ]
 SHARD_MAX = 200
 

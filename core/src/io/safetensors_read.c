@@ -68,6 +68,25 @@ static int json_uint(const cJSON *j, int64_t *out) {
     return 1;
 }
 
+/* JSON forbids raw bytes < 0x20 inside strings (serde rejects them); cJSON lets them through, and
+ * a raw NUL would silently cut a name short. Returns the offending offset, or -1. */
+static int64_t raw_control_in_string(const char *h, int64_t n) {
+    int in_str = 0;
+    for (int64_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)h[i];
+        if (!in_str) {
+            if (c == '"') in_str = 1;
+        } else if (c == '\\') {
+            i++;   /* skip the escaped character */
+        } else if (c == '"') {
+            in_str = 0;
+        } else if (c < 0x20) {
+            return i;
+        }
+    }
+    return -1;
+}
+
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < ndim && k < cap; i++)
@@ -188,20 +207,26 @@ static nb_status parse_metadata(nb_ctx *ctx, const char *path, const cJSON *m, s
     sh->mkeys = calloc((size_t)n + 1, sizeof(char *));
     sh->mvals = calloc((size_t)n + 1, sizeof(char *));
     if (!sh->mkeys || !sh->mvals) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (metadata)");
-    for (const cJSON *x = m->child; x; x = x->next) {
-        if (!cJSON_IsString(x))
-            return nb_fail(ctx, NB_ERR_FORMAT, "%s: __metadata__ is not a string-to-string map (value of '%s')", path,
-                           x->string);
-        for (int64_t i = 0; i < sh->nmeta; i++)
-            if (strcmp(sh->mkeys[i], x->string) == 0)
-                return nb_fail(ctx, NB_ERR_FORMAT, "%s: __metadata__ has duplicate key '%s'", path, x->string);
+    nb_strmap seen = {0};
+    nb_status s = NB_OK;
+    for (const cJSON *x = m->child; x && !s; x = x->next) {
+        if (!cJSON_IsString(x)) {
+            s = nb_fail(ctx, NB_ERR_FORMAT, "%s: __metadata__ is not a string-to-string map (value of '%s')", path,
+                        x->string);
+            break;
+        }
+        int r = nb_strmap_put(&seen, x->string, 0, NULL);
+        if (r < 0) s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory (metadata)");
+        else if (r == 0) s = nb_fail(ctx, NB_ERR_FORMAT, "%s: __metadata__ has duplicate key '%s'", path, x->string);
+        if (s) break;
         sh->mkeys[sh->nmeta] = dup_str(x->string);
         sh->mvals[sh->nmeta] = dup_str(x->valuestring);
         sh->nmeta++;
         if (!sh->mkeys[sh->nmeta - 1] || !sh->mvals[sh->nmeta - 1])
-            return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (metadata)");
+            s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory (metadata)");
     }
-    return NB_OK;
+    nb_strmap_free(&seen);
+    return s;
 }
 
 /* Map shard si, validate its header and append its entries. claims (sharded sets only) maps each
@@ -230,6 +255,10 @@ static nb_status load_shard(nb_ctx *ctx, nb_st *st, int64_t si, const nb_strmap 
         return nb_fail(ctx, NB_ERR_FORMAT, "%s: header does not start with '{'", path);
     if (!nb_utf8_valid((const unsigned char *)hdr, (int64_t)n))
         return nb_fail(ctx, NB_ERR_FORMAT, "%s: header is not valid UTF-8", path);
+    int64_t bad = raw_control_in_string(hdr, (int64_t)n);
+    if (bad >= 0)
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s: header is not valid JSON (raw control character in a string at byte %lld)",
+                       path, (long long)bad);
     sh->data_start = 8 + (int64_t)n;
     int64_t buflen = size - sh->data_start;
 
