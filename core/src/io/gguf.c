@@ -298,7 +298,7 @@ static nb_status read_tensor_info(nb_gguf *g, reader *r, int64_t idx, nb_gguf_te
     /* bytes = ne0/blck * tsize * ne1 * ne2 * ne3, refusing anything that overflows int64 */
     int64_t nbytes = ti->ne[0] / blck, nel = ti->ne[0];
     int overflow = nbytes > INT64_MAX / tsize;
-    nbytes *= tsize;
+    if (!overflow) nbytes *= tsize;
     for (int d = 1; d < NB_GGUF_MAX_DIMS && !overflow; d++) {
         int64_t n = ti->ne[d];
         if (n && (nbytes > INT64_MAX / n || nel > INT64_MAX / n)) overflow = 1;
@@ -453,6 +453,7 @@ static nb_status parse(nb_gguf *g, reader *r) {
 
 nb_status nb_gguf_open(nb_ctx *ctx, const char *path, nb_gguf **out) {
     *out = NULL;
+    if (!path) return nb_fail(ctx, NB_ERR_INVALID, "nb_gguf_open: NULL path");
     nb_gguf *g = calloc(1, sizeof *g);
     if (!g) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory opening %s", path);
     nb_status s = nb_buffer_mmap(ctx, path, &g->buf);
