@@ -11,5 +11,12 @@
 #include "nibble/safetensors.h"
 #include "nibble/gguf.h"
 #include "nibble/cuda.h"
+#include "nibble/qmodel.h"
+#include "nibble/ops.h"
+#include "nibble/model.h"
+#include "nibble/quant.h"
+#include "nibble/parambuf.h"
+#include "nibble/distill.h"
+#include "nibble/optim.h"
 
 #endif

@@ -1,0 +1,104 @@
+/* Quantized models: quantizers attached to a model's linear modules (per-module formats, as a
+ * recipe resolved them), fused siblings sharing global scales, calibration through input hooks,
+ * fake quant for QAD and student eval through weight and input hooks, the export guard, export to
+ * the ModelOpt HF and compressed-tensors layouts, and save/restore of weights plus every quantizer's
+ * state. The same nb_quantizer computes the fake quant that trains and the bytes that ship. */
+#ifndef NIBBLE_QMODEL_H
+#define NIBBLE_QMODEL_H
+
+#include <stdint.h>
+#include "nibble/ctx.h"
+#include "nibble/model.h"
+#include "nibble/quant.h"
+
+typedef struct nb_qmodel nb_qmodel;
+
+/* What one linear module gets. */
+typedef struct nb_qspec {
+    int32_t weight_format;      /* nb_qformat; NB_FMT_NONE leaves the module unquantized */
+    int32_t weight_static;      /* NVFP4: calibrated per-block amax (nvfp4_static, four_over_six) */
+    int32_t input_format;       /* nb_qformat of the activations (W4A4 NVFP4, FP8); NB_FMT_NONE = weights only */
+    int32_t mx_floor;           /* MXFP8: OCP floor exponent rule instead of ModelOpt's ceil */
+    int32_t pass_through_bwd;   /* STE: 1 = plain pass-through (ModelOpt >= 0.43), 0 = zero outside amax */
+} nb_qspec;
+
+/* NB_FMT_NONE everywhere, pass_through_bwd 1. */
+void nb_qspec_init(nb_qspec *s);
+
+/* A quantized view of m (borrowed: the model must outlive the qmodel). Every linear module starts
+ * unquantized with the reason "no rule". */
+nb_status nb_qmodel_new(nb_ctx *ctx, nb_model *m, nb_qmodel **out);
+void nb_qmodel_free(nb_qmodel *qm);
+nb_model *nb_qmodel_model(const nb_qmodel *qm);
+
+/* Quantize module `name` (a linear module's HF name) as spec says. NB_ERR_SHAPE when the format's
+ * block does not divide in_features, NB_ERR_INVALID for a tied lm_head or an unknown format. */
+nb_status nb_qmodel_set(nb_ctx *ctx, nb_qmodel *qm, const char *name, const nb_qspec *spec);
+/* Leave a module unquantized, saying why (listed in exclude_modules / ignore on export). */
+nb_status nb_qmodel_exclude(nb_ctx *ctx, nb_qmodel *qm, const char *name, const char *reason);
+
+/* The linear modules, in model order. */
+int64_t nb_qmodel_count(const nb_qmodel *qm);
+const char *nb_qmodel_name(const nb_qmodel *qm, int64_t i);
+int64_t nb_qmodel_find(const nb_qmodel *qm, const char *name);        /* -1 if not a linear module */
+const nb_qspec *nb_qmodel_spec(const nb_qmodel *qm, int64_t i);
+const char *nb_qmodel_reason(const nb_qmodel *qm, int64_t i);          /* why unquantized, or NULL */
+nb_quantizer *nb_qmodel_weight_quantizer(const nb_qmodel *qm, int64_t i); /* borrowed; NULL if none */
+nb_quantizer *nb_qmodel_input_quantizer(const nb_qmodel *qm, int64_t i);  /* borrowed; NULL if none */
+
+/* Share one per-tensor amax among fused siblings that have the same weight format: q/k/v and
+ * gate/up of each layer (weight quantizers and input quantizers alike). Returns the number of
+ * groups made in *n_groups (may be NULL). Call after the last nb_qmodel_set. */
+nb_status nb_qmodel_fuse_siblings(nb_ctx *ctx, nb_qmodel *qm, int64_t *n_groups);
+
+/* --- calibration ---------------------------------------------------------------------------------
+ * begin installs max observers on every enabled input quantizer (as input hooks); the caller then
+ * runs forward passes over the calibration data; end calibrates every weight quantizer from the
+ * master weights with `cfg` (max, mse or four_over_six), writes the observed input amaxes, and
+ * removes the hooks. Input quantizers that saw no token stay uncalibrated and are listed. */
+nb_status nb_qmodel_calibrate_begin(nb_ctx *ctx, nb_qmodel *qm, const nb_calib_config *cfg);
+nb_status nb_qmodel_calibrate_end(nb_ctx *ctx, nb_qmodel *qm);
+/* Calibrate only the weights (weight-only formats need no data). */
+nb_status nb_qmodel_calibrate_weights(nb_ctx *ctx, nb_qmodel *qm, const nb_calib_config *cfg);
+int64_t nb_qmodel_uncovered_count(const nb_qmodel *qm);
+const char *nb_qmodel_uncovered(const nb_qmodel *qm, int64_t i);         /* module names */
+
+/* --- fake quant (QAD student, student eval) --------------------------------------------------- */
+/* on: every enabled quantizer fake-quantizes in the forward (weights once per forward, inputs per
+ * call) and passes gradients straight through; off: plain model. Scales stay as calibrated. */
+nb_status nb_qmodel_set_fake(nb_ctx *ctx, nb_qmodel *qm, int32_t on);
+
+/* --- the export guard --------------------------------------------------------------------------- */
+/* NB_OK when every enabled quantizer is calibrated; else NB_ERR_UNCALIBRATED naming the first module
+ * and attribute ("model.layers.0.self_attn.q_proj: weight_quantizer has no global_amax"). */
+nb_status nb_qmodel_check(nb_ctx *ctx, const nb_qmodel *qm);
+
+/* --- export ----------------------------------------------------------------------------------- */
+enum { NB_LAYOUT_MODELOPT = 0, NB_LAYOUT_COMPRESSED_TENSORS = 1 };
+
+typedef struct nb_export_opts {
+    int32_t layout;               /* NB_LAYOUT_* */
+    int32_t allow_uncalibrated;   /* exclude uncalibrated modules (reported) instead of failing */
+    int64_t max_shard_bytes;      /* 0 = 10 GB, as ModelOpt's save_pretrained */
+    int32_t dtype;                /* dtype of unquantized tensors; -1 = each tensor's source dtype
+                                     (BF16 for tensors dequantized from a quantized GGUF) */
+    const char *source_dir;       /* HF dir to take config.json / tokenizer / generation files from;
+                                     NULL = the model's own directory (nothing for GGUF or memory models) */
+} nb_export_opts;
+
+void nb_export_opts_init(nb_export_opts *o);
+/* Write the checkpoint into dir atomically: everything goes to a temporary sibling directory that
+ * is renamed over dir at the end; on any failure nothing is left behind. */
+nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb_export_opts *opts);
+/* Modules the last export excluded because allow_uncalibrated was set. */
+int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm);
+const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i);
+
+/* --- nibble's own checkpoint ------------------------------------------------------------------ */
+/* One safetensors file: every master parameter ("param/<name>", F32), every quantizer state tensor
+ * ("quant/<module>.<weight|input>_quantizer.<attr>", F32) and the specs in __metadata__. restore
+ * needs a qmodel over a model of the same architecture; it replaces specs, state and weights. */
+nb_status nb_qmodel_save(nb_ctx *ctx, const nb_qmodel *qm, const char *path);
+nb_status nb_qmodel_restore(nb_ctx *ctx, nb_qmodel *qm, const char *path);
+
+#endif

@@ -1,0 +1,35 @@
+/* The qmodel's private layout, shared by ptq/qmodel.c (quantizers, calibration, fake quant) and
+ * export/ (ModelOpt / compressed-tensors layouts, nibble checkpoints). */
+#ifndef NIBBLE_QMODEL_INTERNAL_H
+#define NIBBLE_QMODEL_INTERNAL_H
+
+#include "nibble/qmodel.h"
+
+typedef struct nb_qmod {
+    char *name;               /* HF module name */
+    int64_t module;           /* index in the model's module list */
+    nb_linear_info info;
+    nb_qspec spec;
+    char *reason;             /* why unquantized (NULL when quantized) */
+    nb_quantizer *wq, *iq;    /* weight / input quantizers (NULL when absent) */
+    nb_calib *icalib;         /* input observer while calibrating */
+    int64_t seen_rows;        /* tokens the input observer saw */
+    nb_qmodel *owner;
+    nb_ctx *ctx;
+} nb_qmod;
+
+struct nb_qmodel {
+    nb_model *m;
+    int64_t n;
+    nb_qmod *mods;
+    int32_t fake, calibrating, hooks_installed;
+    nb_calib_config calib_cfg;
+    char **uncovered;
+    int64_t n_uncovered;
+    char **skipped;           /* modules the last export left out (allow_uncalibrated) */
+    int64_t n_skipped;
+};
+
+nb_status nb_qmodel_check_module(nb_ctx *ctx, const nb_qmod *q);
+
+#endif
