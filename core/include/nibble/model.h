@@ -1,0 +1,272 @@
+/* Llama-family causal language models on the CPU: loading (Hugging Face directories and GGUF files),
+ * a tree of named modules with HF names, float32 master parameters with matching gradients, batched
+ * forward and backward (recomputed per layer so activation memory stays bounded), linear-layer
+ * quantization hooks, perplexity / KL evaluation and generation.
+ * Architectures: llama (Llama 2/3/3.x, TinyLlama, SmolLM, llama2.c), mistral, qwen2, qwen3. */
+#ifndef NIBBLE_MODEL_H
+#define NIBBLE_MODEL_H
+
+#include <stdint.h>
+#include "nibble/ctx.h"
+#include "nibble/tensor.h"
+
+typedef struct nb_model nb_model;
+typedef struct nb_kv_cache nb_kv_cache;
+
+typedef enum nb_arch {
+    NB_ARCH_LLAMA = 0,
+    NB_ARCH_MISTRAL = 1,
+    NB_ARCH_QWEN2 = 2,
+    NB_ARCH_QWEN3 = 3
+} nb_arch;
+
+typedef enum nb_rope_kind {
+    NB_ROPE_DEFAULT = 0,       /* inv_freq = theta^(-2i/hd) */
+    NB_ROPE_LINEAR = 1,        /* inv_freq / factor */
+    NB_ROPE_LLAMA3 = 2,        /* Llama 3.1 frequency-dependent scaling (factor, low/high_freq_factor) */
+    NB_ROPE_FREQ_FACTORS = 3   /* inv_freq / f_i from a GGUF rope_freqs.weight tensor */
+} nb_rope_kind;
+
+typedef enum nb_model_format {
+    NB_MODEL_MEMORY = 0,       /* built with nb_model_new */
+    NB_MODEL_HF = 1,           /* config.json + safetensors */
+    NB_MODEL_GGUF = 2
+} nb_model_format;
+
+enum { NB_MODEL_MAX_EOS = 8 };
+
+typedef struct nb_model_config {
+    int32_t arch;                       /* nb_arch */
+    int64_t vocab_size;
+    int64_t hidden_size;
+    int64_t intermediate_size;
+    int64_t n_layers;
+    int64_t n_heads;
+    int64_t n_kv_heads;
+    int64_t head_dim;
+    int64_t max_position;               /* max_position_embeddings (informational) */
+    double rms_eps;
+    double rope_theta;
+    int32_t rope_kind;                  /* nb_rope_kind */
+    double rope_factor;
+    double rope_low_freq_factor;
+    double rope_high_freq_factor;
+    int64_t rope_original_max_position;
+    int32_t qkv_bias;                   /* q/k/v projections have a bias (qwen2, attention_bias) */
+    int32_t o_bias;                     /* o_proj has a bias (attention_bias in llama and qwen3) */
+    int32_t mlp_bias;                   /* gate/up/down have biases (llama mlp_bias) */
+    int32_t qk_norm;                    /* per-head RMSNorm of q and k before RoPE (qwen3) */
+    int32_t tied;                       /* lm_head shares model.embed_tokens.weight */
+    int64_t sliding_window;             /* 0: full causal attention; W: keys j > p - W only */
+    int32_t bos_token_id;               /* -1 if none */
+    int32_t n_eos;
+    int32_t eos_token_ids[NB_MODEL_MAX_EOS];
+} nb_model_config;
+
+typedef enum nb_module_kind {
+    NB_MODULE_CONTAINER = 0,            /* model, model.layers.N, ...self_attn, ...mlp */
+    NB_MODULE_EMBEDDING = 1,
+    NB_MODULE_LINEAR = 2,
+    NB_MODULE_RMSNORM = 3
+} nb_module_kind;
+
+typedef enum nb_linear_role {
+    NB_LINEAR_Q = 0, NB_LINEAR_K = 1, NB_LINEAR_V = 2, NB_LINEAR_O = 3,
+    NB_LINEAR_GATE = 4, NB_LINEAR_UP = 5, NB_LINEAR_DOWN = 6, NB_LINEAR_LM_HEAD = 7
+} nb_linear_role;
+
+typedef struct nb_linear_info {
+    int64_t in_features;
+    int64_t out_features;
+    int32_t layer;                      /* -1 for lm_head */
+    int32_t role;                       /* nb_linear_role */
+    int32_t has_bias;
+    int32_t tied;                       /* lm_head whose weight is model.embed_tokens.weight */
+    int64_t weight_param;               /* parameter index of the weight */
+    int64_t bias_param;                 /* parameter index of the bias, or -1 */
+} nb_linear_info;
+
+/* Passes reported to input hooks: the normal forward, or the recomputation of a layer during the
+ * backward (observers should ignore NB_PASS_RECOMPUTE; fake-quantizers treat both alike). */
+enum { NB_PASS_FORWARD = 0, NB_PASS_RECOMPUTE = 1 };
+
+/* A quantization hook on one linear module. `weight` (may be NULL) writes the weight to use in the
+ * forward (e.g. fake-quantized) from the fp32 master weight [rows = out_features, cols =
+ * in_features]; it is called once per nb_model_forward and the result is kept for the backward.
+ * `input` (may be NULL) observes and/or modifies in place the activations entering the linear
+ * [rows = tokens, cols = in_features]. The backward is straight-through: weight gradients computed
+ * against the hooked weight go to the master weight, and input gradients pass through unchanged. */
+typedef struct nb_linear_hook {
+    void *user;
+    nb_status (*weight)(nb_ctx *ctx, void *user, const float *w, float *w_out, int64_t rows, int64_t cols);
+    nb_status (*input)(nb_ctx *ctx, void *user, float *x, int64_t rows, int64_t cols, int32_t pass);
+} nb_linear_hook;
+
+/* --- creating and loading -------------------------------------------------------------------- */
+
+/* Fill *cfg with a small valid llama config (the caller then edits fields). */
+void nb_model_config_init(nb_model_config *cfg);
+/* A model with the given config and all parameters zero (RMSNorm weights one). */
+nb_status nb_model_new(nb_ctx *ctx, const nb_model_config *cfg, nb_model **out);
+/* Normal(0, std) weights and biases, RMSNorm weights 1 + Normal(0, std), from `seed`. */
+nb_status nb_model_init_random(nb_ctx *ctx, nb_model *m, uint64_t seed, double std);
+/* Load a Hugging Face directory (config.json + model.safetensors or a sharded index) or a .gguf
+ * file. Weights become float32 once, here. Unsupported architectures or config values, missing or
+ * misshapen tensors and configs that disagree with the weights fail with a message naming them. */
+nb_status nb_model_load(nb_ctx *ctx, const char *path, nb_model **out);
+void nb_model_free(nb_model *m);
+
+const nb_model_config *nb_model_get_config(const nb_model *m);
+int32_t nb_model_format_of(const nb_model *m);          /* nb_model_format */
+const char *nb_model_path(const nb_model *m);            /* "" for NB_MODEL_MEMORY */
+const char *nb_model_arch_name(const nb_model *m);       /* "llama", "mistral", "qwen2", "qwen3" */
+
+/* --- parameters (HF names, float32 views; gradients in matching tensors) ---------------------- */
+
+int64_t nb_model_param_count(const nb_model *m);
+const char *nb_model_param_name(const nb_model *m, int64_t i);
+/* Index by HF name, or -1. With tied embeddings "lm_head.weight" finds model.embed_tokens.weight. */
+int64_t nb_model_find_param(const nb_model *m, const char *name);
+nb_tensor *nb_model_param(const nb_model *m, int64_t i);          /* borrowed; writable */
+nb_tensor *nb_model_grad(const nb_model *m, int64_t i);           /* borrowed; NULL before gradients exist */
+/* dtype the file stored (NB_F32, NB_BF16, NB_F16), or -1 when a quantized GGUF tensor was dequantized. */
+int32_t nb_model_param_src_dtype(const nb_model *m, int64_t i);
+/* All parameters live in one contiguous float32 buffer (and the gradients in another with the
+ * same layout): element offset of parameter i, and views of the whole buffers. */
+int64_t nb_model_param_offset(const nb_model *m, int64_t i);
+nb_tensor *nb_model_flat_params(const nb_model *m);               /* borrowed */
+nb_tensor *nb_model_flat_grads(const nb_model *m);                /* borrowed; NULL before gradients exist */
+nb_status nb_model_alloc_grads(nb_ctx *ctx, nb_model *m);         /* zeroed; the backward calls it */
+void nb_model_zero_grad(nb_model *m);
+/* Freeze or unfreeze every parameter whose name matches the glob; returns how many matched. */
+int64_t nb_model_set_requires_grad(nb_model *m, const char *pattern, int32_t requires_grad);
+int32_t nb_model_param_requires_grad(const nb_model *m, int64_t i);
+
+/* --- modules ----------------------------------------------------------------------------------- */
+
+int64_t nb_model_module_count(const nb_model *m);
+const char *nb_model_module_name(const nb_model *m, int64_t i);
+int32_t nb_model_module_kind(const nb_model *m, int64_t i);       /* nb_module_kind */
+int64_t nb_model_find_module(const nb_model *m, const char *name); /* -1 if absent */
+/* fnmatch-style glob without path semantics: '*' (any run, dots included), '?', '[...]', '\'. */
+int nb_glob_match(const char *pattern, const char *name);
+nb_status nb_model_linear_info(nb_ctx *ctx, const nb_model *m, int64_t module, nb_linear_info *out);
+/* Install (copied) or clear (hook NULL) the hook of a linear module. */
+nb_status nb_model_set_linear_hook(nb_ctx *ctx, nb_model *m, int64_t module, const nb_linear_hook *hook);
+
+/* --- forward ----------------------------------------------------------------------------------- */
+
+/* Receives `nrows` rows of logits, [nrows, vocab], starting at row `row0` of the selected rows. */
+typedef nb_status (*nb_logits_fn)(nb_ctx *ctx, void *user, int64_t row0, int64_t nrows, int64_t vocab,
+                                  float *logits);
+
+typedef struct nb_forward_opts {
+    float *logits;              /* NULL or [rows, vocab] for the selected rows */
+    int64_t logits_start;       /* rows are positions t in [logits_start, T) of each sequence, b-major;
+                                   0 = all positions, T-1 = only the last one */
+    nb_logits_fn on_logits;     /* NULL or called once per chunk of selected rows, in order */
+    void *user;
+    int64_t chunk_rows;         /* rows per logits chunk; 0 = about 32 MiB of logits */
+    float **hidden;             /* NULL or n_layers+1 pointers, each NULL or [B*T, hidden]: hidden[l] is
+                                   the input of layer l, hidden[n_layers] the final-norm output (HF
+                                   output_hidden_states) */
+    int32_t train;              /* keep what nb_model_backward needs */
+    nb_kv_cache *cache;         /* NULL, or decode incrementally against this cache (not with train) */
+} nb_forward_opts;
+
+/* tokens is [B, T]. Positions are 0..T-1 (after the cache's length when decoding with a cache). */
+nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T,
+                           const nb_forward_opts *opts);
+/* Shorthand: all logits, [B*T, vocab]. */
+nb_status nb_model_logits(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T, float *logits);
+
+/* Recompute each layer during the backward (default 1: memory is one layer's activations plus the
+ * layer inputs); 0 keeps every layer's activations from the forward (faster, more memory). */
+void nb_model_set_recompute(nb_model *m, int32_t on);
+
+/* --- backward ---------------------------------------------------------------------------------- */
+
+/* Given logits [nrows, vocab] (rows row0.. of the selected rows), replace them in place with
+ * dLoss/dlogits and add this chunk's loss to *loss. */
+typedef nb_status (*nb_loss_fn)(nb_ctx *ctx, void *user, int64_t row0, int64_t nrows, int64_t vocab,
+                                float *logits, double *loss);
+
+typedef struct nb_backward_opts {
+    const float *dlogits;       /* [rows, vocab] for the forward's selected rows, or NULL */
+    nb_loss_fn loss;            /* or NULL; used when dlogits is NULL: logits are recomputed per chunk */
+    void *user;
+    const float **dhidden;      /* NULL or n_layers+1 entries (each NULL or [B*T, hidden]): gradients
+                                   w.r.t. the hidden states nb_forward_opts.hidden describes */
+} nb_backward_opts;
+
+/* Accumulates the gradients of every parameter that requires grad, for the last forward that was
+ * run with train = 1. *loss_out (may be NULL) receives the sum the loss callback reported. */
+nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *opts, double *loss_out);
+
+/* Cross-entropy as an nb_loss_fn: user points at an nb_lm_loss; targets are indexed by selected row. */
+typedef struct nb_lm_loss {
+    const int32_t *targets;
+    int32_t ignore_index;
+    float grad_scale;           /* usually 1 / number of counted targets */
+    double loss_sum;            /* accumulated */
+    int64_t count;              /* accumulated */
+} nb_lm_loss;
+nb_status nb_lm_loss_fn(nb_ctx *ctx, void *user, int64_t row0, int64_t nrows, int64_t vocab, float *logits,
+                        double *loss);
+
+/* One language-modelling step: forward (train) and backward of the mean next-token cross-entropy.
+ * targets [B*T] (ignore_index -100 skips a position) or NULL for tokens shifted by one with the last
+ * position of each sequence ignored. Gradients accumulate; *mean_loss gets the mean loss. */
+nb_status nb_model_lm_step(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T,
+                           const int32_t *targets, double *mean_loss);
+
+/* --- KV cache and generation ------------------------------------------------------------------- */
+
+nb_status nb_kv_cache_new(nb_ctx *ctx, const nb_model *m, int64_t B, int64_t max_len, nb_kv_cache **out);
+void nb_kv_cache_free(nb_kv_cache *c);
+int64_t nb_kv_cache_len(const nb_kv_cache *c);
+void nb_kv_cache_reset(nb_kv_cache *c);
+
+typedef struct nb_sample_opts {
+    int32_t greedy;             /* argmax (ties: the lowest id) */
+    float temperature;          /* > 0 when sampling */
+    int32_t top_k;              /* 0 = off */
+    float top_p;                /* 1 = off */
+    uint64_t seed;
+    int32_t stop_at_eos;        /* stop after emitting one of the config's EOS ids */
+} nb_sample_opts;
+
+/* Generate up to n_new tokens after the prompt (n_prompt >= 1) into out; *n_out gets the count. */
+nb_status nb_model_generate(nb_ctx *ctx, nb_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
+                            const nb_sample_opts *opts, int32_t *out, int64_t *n_out);
+/* Pick the next token from one row of logits (used by nb_model_generate and the Lua loop). */
+int32_t nb_sample_logits(const float *logits, int64_t vocab, const nb_sample_opts *opts, nb_rng *rng);
+
+/* --- evaluation -------------------------------------------------------------------------------- */
+
+typedef struct nb_eval_opts {
+    int64_t n_ctx;              /* chunk length (llama-perplexity -c); default 512 when 0 */
+    int64_t n_chunks;           /* <= 0: every whole chunk of the text */
+    int64_t batch;              /* chunks per forward; 0 = automatic */
+    int32_t bos;                /* token put in the first slot of each chunk; -1 = the model's BOS,
+                                   -2 = keep the text's own first token */
+} nb_eval_opts;
+
+typedef struct nb_eval_result {
+    double ppl;                 /* exp(nll) */
+    double ppl_err;             /* llama.cpp's +/- estimate */
+    double nll;                 /* mean negative log-likelihood (nats) over the scored tokens */
+    int64_t tokens;             /* scored tokens */
+    int64_t chunks;
+    double kld_mean;            /* mean KL(teacher || model) per token (nats); NAN without a teacher */
+    double top1_agree;          /* percent of scored positions where both argmaxes agree; NAN without */
+} nb_eval_result;
+
+/* Perplexity as llama.cpp's llama-perplexity computes it: chunks of n_ctx tokens of the stream, the
+ * first slot of each replaced by BOS, only the second half of each chunk scored (positions
+ * n_ctx/2 .. n_ctx-2 predicting the next token). With a teacher (same vocab), also the KL divergence
+ * and top-1 agreement at the same positions. */
+nb_status nb_model_eval(nb_ctx *ctx, nb_model *m, nb_model *teacher, const int32_t *tokens, int64_t n_tokens,
+                        const nb_eval_opts *opts, nb_eval_result *out);
+
+#endif
