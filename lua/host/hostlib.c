@@ -1,0 +1,77 @@
+/* `nibble.host`: the small C module the host preloads for the Lua side. It owns the default
+ * nb_ctx (so the SIGINT handler can interrupt long C loops through nb_ctx_interrupt) and offers
+ * what plain Lua lacks: directory listing (for `nibble --help`) and isatty. */
+#include <dirent.h>
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <luajit.h>
+
+#include "host.h"
+
+static nb_ctx *volatile g_ctx;
+
+nb_ctx *nbh_ctx_if_created(void) { return g_ctx; }
+
+nb_ctx *nbh_default_ctx(lua_State *L) {
+    if (!g_ctx) {
+        nb_ctx *c = NULL;
+        nb_status s = nb_ctx_new(0, &c);   /* 0: NIBBLE_THREADS or every online CPU */
+        if (s != NB_OK) luaL_error(L, "%s: cannot create the default context", nb_status_name(s));
+        g_ctx = c;
+    }
+    return g_ctx;
+}
+
+void nbh_release_ctx(void) {
+    nb_ctx *c = g_ctx;
+    g_ctx = NULL;
+    if (c) nb_ctx_release(c);
+}
+
+static int l_default_ctx(lua_State *L) {
+    lua_pushlightuserdata(L, nbh_default_ctx(L));
+    return 1;
+}
+
+static int l_listdir(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    DIR *d = opendir(path);
+    if (!d) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: %s", path, strerror(errno));
+        return 2;
+    }
+    lua_newtable(L);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        lua_pushstring(L, e->d_name);
+        lua_rawseti(L, -2, ++n);
+    }
+    closedir(d);
+    return 1;
+}
+
+static int l_isatty(lua_State *L) {
+    lua_pushboolean(L, isatty((int)luaL_optinteger(L, 1, 0)));
+    return 1;
+}
+
+int luaopen_nibble_host(lua_State *L) {
+    static const luaL_Reg fns[] = {
+        { "default_ctx", l_default_ctx },
+        { "listdir", l_listdir },
+        { "isatty", l_isatty },
+        { NULL, NULL },
+    };
+    lua_newtable(L);
+    luaL_register(L, NULL, fns);
+    lua_pushstring(L, nb_version());
+    lua_setfield(L, -2, "version");
+    lua_pushstring(L, LUAJIT_VERSION);
+    lua_setfield(L, -2, "luajit");
+    return 1;
+}

@@ -1,0 +1,372 @@
+/* `nibble`: the command-line host. Embeds LuaJIT (classic Lua C API, modelled on luajit.c), makes
+ * the `nibble` Lua module reachable without installation, and runs scripts (`run`, `-e`), the
+ * built-in flags, sub-commands implemented in Lua (lua/nibble/cli/<cmd>.lua) and the REPL.
+ * Ctrl-C sets a Lua hook that raises "interrupted" and interrupts the default nb_ctx. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <luajit.h>
+
+#include "host.h"
+
+#ifndef NIBBLE_LUA_SOURCE_DIR
+#define NIBBLE_LUA_SOURCE_DIR "lua"
+#endif
+#ifndef NIBBLE_LUA_BUILD_DIR
+#define NIBBLE_LUA_BUILD_DIR "lua"
+#endif
+#ifndef NIBBLE_LUA_INSTALL_DIR
+#define NIBBLE_LUA_INSTALL_DIR "/usr/local/share/lua/5.1"
+#endif
+
+static lua_State *g_L;
+static volatile sig_atomic_t g_sigints;     /* SIGINTs not yet delivered as a Lua error */
+static volatile sig_atomic_t g_got_sigint;  /* a SIGINT arrived during the current protected call */
+volatile sig_atomic_t nbh_prompt_interrupt;
+
+/* ---- Ctrl-C --------------------------------------------------------------------------------- */
+
+static void lstop(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    lua_sethook(L, NULL, 0, 0);
+    /* The interrupt is delivered now, as a Lua error: later C calls must not see it again. */
+    nb_ctx *ctx = nbh_ctx_if_created();
+    if (ctx) nb_ctx_clear_interrupt(ctx);
+    g_sigints = 0;
+    alarm(0);
+    lua_pushstring(L, "interrupted");   /* the traceback says where */
+    lua_error(L);
+}
+
+/* One second after a Ctrl-C that no hook or C loop has honoured, say why and what to do. */
+static void on_sigalrm(int sig) {
+    (void)sig;
+    if (g_sigints > 0) {
+        static const char msg[] = "\nnibble: still running: LuaJIT-compiled Lua loops cannot be interrupted "
+                                  "(loops that call nibble can); Ctrl-C again to exit\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+    }
+}
+
+static void on_sigint_running(int sig) {
+    g_got_sigint = 1;
+    if (g_sigints++ > 0) {
+        /* A second Ctrl-C before the first one was honoured: LuaJIT cannot leave a compiled
+         * loop through a hook, so give the user the way out luajit.c gives (default action). */
+        static const char msg[] = "\nnibble: interrupted twice, exiting\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    nb_ctx *ctx = nbh_ctx_if_created();
+    if (ctx) nb_ctx_interrupt(ctx);
+    lua_sethook(g_L, lstop, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+    alarm(1);
+}
+
+static void on_sigint_prompt(int sig) {
+    (void)sig;
+    nbh_prompt_interrupt = 1;
+}
+
+static void set_sigint(void (*fn)(int)) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = fn;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;   /* no SA_RESTART: a blocking read returns EINTR so the interrupt is seen */
+    sigaction(SIGINT, &sa, NULL);
+}
+
+void nbh_signals_prompt(void) { set_sigint(on_sigint_prompt); }
+void nbh_signals_default(void) { set_sigint(SIG_DFL); }
+
+/* ---- protected calls -------------------------------------------------------------------------- */
+
+static int msghandler(lua_State *L) {
+    const char *msg = lua_tostring(L, 1);
+    if (msg == NULL) {
+        if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) msg = lua_tostring(L, -1);
+        else msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
+    luaL_traceback(L, L, msg, 1);
+    return 1;
+}
+
+int nbh_docall(lua_State *L, int narg, int nres, int *interrupted) {
+    int base = lua_gettop(L) - narg;
+    lua_pushcfunction(L, msghandler);
+    lua_insert(L, base);
+    nb_ctx *ctx = nbh_ctx_if_created();
+    if (ctx) nb_ctx_clear_interrupt(ctx);
+    g_sigints = 0;
+    g_got_sigint = 0;
+    set_sigint(on_sigint_running);
+    signal(SIGALRM, on_sigalrm);
+    int status = lua_pcall(L, narg, nres, base);
+    alarm(0);
+    nbh_signals_prompt();
+    lua_sethook(L, NULL, 0, 0);
+    g_sigints = 0;
+    ctx = nbh_ctx_if_created();
+    if (ctx) nb_ctx_clear_interrupt(ctx);
+    if (interrupted) *interrupted = g_got_sigint && status != 0;
+    g_got_sigint = 0;
+    lua_remove(L, base);
+    return status;
+}
+
+void nbh_report(lua_State *L) {
+    const char *msg = lua_tostring(L, -1);
+    if (!msg) msg = "(error object is not a string)";
+    fprintf(stderr, "nibble: %s\n", msg);
+    fflush(stderr);
+    lua_pop(L, 1);
+}
+
+/* ---- setup ------------------------------------------------------------------------------------ */
+
+static void set_paths(lua_State *L) {
+    const char *override = getenv("NIBBLE_LUA_PATH");
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "path");
+    const char *dflt = lua_tostring(L, -1);
+    if (override && *override) {
+        lua_pushfstring(L, "%s;%s", override, dflt ? dflt : "");
+    } else {
+        lua_pushfstring(L,
+                        NIBBLE_LUA_SOURCE_DIR "/?.lua;" NIBBLE_LUA_SOURCE_DIR "/?/init.lua;"
+                        NIBBLE_LUA_BUILD_DIR "/?.lua;" NIBBLE_LUA_BUILD_DIR "/?/init.lua;"
+                        NIBBLE_LUA_INSTALL_DIR "/?.lua;" NIBBLE_LUA_INSTALL_DIR "/?/init.lua;%s",
+                        dflt ? dflt : "");
+    }
+    lua_setfield(L, -3, "path");
+    lua_pop(L, 2);
+    /* package.preload["nibble.host"] */
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "preload");
+    lua_pushcfunction(L, luaopen_nibble_host);
+    lua_setfield(L, -2, "nibble.host");
+    lua_pop(L, 2);
+}
+
+/* require "name", leaving the result on the stack; reports and returns non-zero on error. */
+static int dorequire(lua_State *L, const char *name) {
+    lua_getglobal(L, "require");
+    lua_pushstring(L, name);
+    int status = nbh_docall(L, 1, 1, NULL);
+    if (status) nbh_report(L);
+    return status;
+}
+
+static int load_nibble(lua_State *L) {
+    if (dorequire(L, "nibble")) return 1;
+    lua_setglobal(L, "nibble");
+    return 0;
+}
+
+/* key=value with a key that looks like a name: it becomes arg.key */
+static int split_kv(const char *s, size_t *keylen) {
+    const char *eq = strchr(s, '=');
+    if (!eq || eq == s) return 0;
+    if (!(s[0] == '_' || (s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z'))) return 0;
+    for (const char *p = s; p < eq; p++) {
+        char c = *p;
+        if (!(c == '_' || c == '.' || c == '-' || (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') ||
+              (c >= 'a' && c <= 'z')))
+            return 0;
+    }
+    *keylen = (size_t)(eq - s);
+    return 1;
+}
+
+/* Global `arg`: arg[0] = script, arg[-1] = the program, arg[1..n] = positional arguments,
+ * arg.key = "value" for key=value. Pushes every argument (raw) for the chunk's `...`. */
+static int push_args(lua_State *L, const char *progname, const char *script, char **args, int nargs) {
+    lua_createtable(L, nargs, 4);
+    lua_pushstring(L, progname);
+    lua_rawseti(L, -2, -1);
+    lua_pushstring(L, script);
+    lua_rawseti(L, -2, 0);
+    int pos = 0;
+    for (int i = 0; i < nargs; i++) {
+        size_t klen;
+        if (split_kv(args[i], &klen)) {
+            lua_pushlstring(L, args[i], klen);
+            lua_pushstring(L, args[i] + klen + 1);
+            lua_rawset(L, -3);
+        } else {
+            lua_pushstring(L, args[i]);
+            lua_rawseti(L, -2, ++pos);
+        }
+    }
+    lua_setglobal(L, "arg");
+    luaL_checkstack(L, nargs + 1, "too many arguments");
+    for (int i = 0; i < nargs; i++) lua_pushstring(L, args[i]);
+    return nargs;
+}
+
+static int exit_code(int status, int interrupted) {
+    if (status == 0) return 0;
+    return interrupted ? 130 : 1;
+}
+
+/* Compile (chunk on the stack or error), then run with args. */
+static int run_chunk(lua_State *L, int load_status, const char *progname, const char *script, char **args,
+                     int nargs) {
+    if (load_status) {
+        nbh_report(L);
+        return 1;
+    }
+    int n = push_args(L, progname, script, args, nargs);
+    int interrupted = 0;
+    int status = nbh_docall(L, n, 0, &interrupted);
+    if (status) nbh_report(L);
+    return exit_code(status, interrupted);
+}
+
+static void print_version(void) {
+    printf("nibble %s (%s, CUDA %s)\n", nb_version(), LUAJIT_VERSION, nb_cuda_built() ? "on" : "off");
+}
+
+static void print_help(lua_State *L) {
+    printf("usage: nibble [COMMAND] [ARGS...]\n"
+           "\n"
+           "  nibble                     interactive REPL (line editing, history in ~/.nibble_history)\n"
+           "  nibble run FILE [ARGS]     run a Lua script: key=value arguments reach it as arg.key\n"
+           "                             (strings), the others as arg[1], arg[2], ...; FILE - is stdin\n"
+           "  nibble FILE.lua [ARGS]     the same as run\n"
+           "  nibble -e CODE [ARGS]      run CODE (arguments as for run)\n"
+           "  nibble --version           print the nibble and LuaJIT versions\n"
+           "  nibble --help              this help\n"
+           "\n"
+           "commands (lua/nibble/cli/<name>.lua):\n");
+    fflush(stdout);
+    /* The list comes from the Lua side so commands added later appear without touching the host. */
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "nibble.cli");
+    if (nbh_docall(L, 1, 1, NULL) == 0) {
+        lua_getfield(L, -1, "help_lines");
+        if (nbh_docall(L, 0, 1, NULL) == 0 && lua_isstring(L, -1)) fputs(lua_tostring(L, -1), stdout);
+        else if (!lua_isstring(L, -1)) fputs("  (none found)\n", stdout);
+        else nbh_report(L);
+    } else {
+        nbh_report(L);
+    }
+    printf("\nThe Lua module: `nibble` is a global in scripts and the REPL (require \"nibble\" from luajit).\n"
+           "environment: NIBBLE_THREADS (threads of the default context), NIBBLE_LUA_PATH (extra\n"
+           "module path, searched first), NIBBLE_LIB (libnibble for a plain luajit)\n");
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* nibble <cmd> args...: lua/nibble/cli/<cmd>.lua. Returns -1 if there is no such command. */
+static int run_cli(lua_State *L, const char *cmd, char **args, int nargs) {
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "nibble.cli");
+    if (nbh_docall(L, 1, 1, NULL)) { nbh_report(L); return 1; }
+    lua_getfield(L, -1, "exists");
+    lua_pushstring(L, cmd);
+    if (nbh_docall(L, 1, 1, NULL)) { nbh_report(L); return 1; }
+    int exists = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (!exists) { lua_pop(L, 1); return -1; }
+    if (load_nibble(L)) return 1;
+    lua_getfield(L, -1, "main");
+    lua_pushstring(L, cmd);
+    lua_createtable(L, nargs, 0);
+    for (int i = 0; i < nargs; i++) {
+        lua_pushstring(L, args[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    int interrupted = 0;
+    int status = nbh_docall(L, 2, 1, &interrupted);
+    if (status) { nbh_report(L); return exit_code(status, interrupted); }
+    int code = (int)lua_tointeger(L, -1);
+    lua_pop(L, 2);
+    return code;
+}
+
+typedef struct { int argc; char **argv; int exit; } pmain_args;
+
+static int pmain(lua_State *L) {
+    pmain_args *a = (pmain_args *)lua_touserdata(L, 1);
+    int argc = a->argc;
+    char **argv = a->argv;
+    const char *prog = argv[0] ? argv[0] : "nibble";
+    g_L = L;
+    lua_gc(L, LUA_GCSTOP, 0);
+    luaL_openlibs(L);
+    lua_gc(L, LUA_GCRESTART, -1);
+    set_paths(L);
+    nbh_signals_prompt();
+
+    if (argc < 2) {
+        if (load_nibble(L)) { a->exit = 1; return 0; }
+        a->exit = nbh_repl(L);
+        return 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-v") || !strcmp(cmd, "version")) {
+        print_version();
+        a->exit = 0;
+    } else if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        print_help(L);
+        a->exit = 0;
+    } else if (!strcmp(cmd, "-e")) {
+        if (argc < 3) { fprintf(stderr, "nibble: -e needs an argument (see nibble --help)\n"); a->exit = 1; return 0; }
+        if (load_nibble(L)) { a->exit = 1; return 0; }
+        int s = luaL_loadbuffer(L, argv[2], strlen(argv[2]), "=(command line)");
+        a->exit = run_chunk(L, s, prog, "-e", argv + 3, argc - 3);
+    } else if (!strcmp(cmd, "run")) {
+        if (argc < 3) { fprintf(stderr, "nibble: run needs a file (see nibble --help)\n"); a->exit = 1; return 0; }
+        if (load_nibble(L)) { a->exit = 1; return 0; }
+        const char *file = argv[2];
+        int s = luaL_loadfile(L, strcmp(file, "-") ? file : NULL);
+        a->exit = run_chunk(L, s, prog, file, argv + 3, argc - 3);
+    } else if (cmd[0] == '-') {
+        fprintf(stderr, "nibble: unknown option '%s' (see nibble --help)\n", cmd);
+        a->exit = 1;
+    } else {
+        int code = run_cli(L, cmd, argv + 2, argc - 2);
+        if (code >= 0) {
+            a->exit = code;
+        } else if (file_exists(cmd)) {
+            if (load_nibble(L)) { a->exit = 1; return 0; }
+            int s = luaL_loadfile(L, cmd);
+            a->exit = run_chunk(L, s, prog, cmd, argv + 2, argc - 2);
+        } else {
+            fprintf(stderr, "nibble: unknown command or file '%s' (see nibble --help)\n", cmd);
+            a->exit = 1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        fprintf(stderr, "nibble: cannot create the Lua state: not enough memory\n");
+        return 1;
+    }
+    pmain_args a = { argc, argv, 0 };
+    int status = lua_cpcall(L, pmain, &a);
+    if (status) {
+        nbh_report(L);
+        a.exit = 1;
+    }
+    fflush(stdout);
+    lua_close(L);   /* finalizers release tensors (and their references to the context) first */
+    nbh_release_ctx();
+    return a.exit;
+}

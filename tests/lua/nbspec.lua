@@ -1,0 +1,80 @@
+-- Helpers shared by the busted specs in tests/lua: shared-data paths (nil when ../shared/data is
+-- absent, so specs pend), running the built `nibble` program with its stdout, stderr and exit code,
+-- temporary files, and shell quoting.
+local M = {}
+
+M.source_dir = os.getenv("NIBBLE_SOURCE_DIR") or "."
+M.build_dir = os.getenv("NIBBLE_BUILD_DIR") or "build"
+M.bin = os.getenv("NIBBLE_BIN") or (M.build_dir .. "/nibble")
+M.shared = os.getenv("NIBBLE_SHARED_DATA") or (M.source_dir .. "/../shared/data")
+
+function M.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+-- Path of a shared-data file, or nil when it is missing.
+function M.data(rel)
+  local p = M.shared .. "/" .. rel
+  if M.exists(p) or M.exists(p .. "/config.json") then return p end
+  return nil
+end
+
+function M.quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+function M.read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+function M.write(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+local tmp_count = 0
+function M.tmpname(suffix)
+  tmp_count = tmp_count + 1
+  local base = os.getenv("TMPDIR") or "/tmp"
+  return ("%s/nibble-spec-%d-%d-%d%s"):format(base, os.time(), math.random(1, 1e9), tmp_count, suffix or "")
+end
+
+function M.mkdtemp()
+  local d = M.tmpname("")
+  os.execute("mkdir -p " .. M.quote(d))
+  return d
+end
+
+-- Run a shell command line; returns stdout, stderr, exit code (128+n for a signal).
+function M.sh(cmdline, stdin)
+  local out, err, rc, inp = M.tmpname(".out"), M.tmpname(".err"), M.tmpname(".rc"), nil
+  local redirect = "</dev/null"
+  if stdin then
+    inp = M.tmpname(".in")
+    M.write(inp, stdin)
+    redirect = "<" .. M.quote(inp)
+  end
+  os.execute(("(%s) %s >%s 2>%s; echo $? >%s"):format(cmdline, redirect, M.quote(out), M.quote(err), M.quote(rc)))
+  local o, e, c = M.read(out) or "", M.read(err) or "", tonumber((M.read(rc) or ""):match("%d+"))
+  os.remove(out); os.remove(err); os.remove(rc)
+  if inp then os.remove(inp) end
+  return o, e, c
+end
+
+-- Run the nibble program with arguments (each quoted); returns stdout, stderr, exit code.
+function M.nibble(args, stdin, env)
+  local parts = {}
+  for _, a in ipairs(args or {}) do parts[#parts + 1] = M.quote(a) end
+  local prefix = ""
+  for k, v in pairs(env or {}) do prefix = prefix .. k .. "=" .. M.quote(v) .. " " end
+  return M.sh(prefix .. M.quote(M.bin) .. " " .. table.concat(parts, " "), stdin)
+end
+
+return M
