@@ -11,6 +11,7 @@
 #include "nibble/safetensors.h"
 #include "nibble/gguf.h"
 #include "nibble/cuda.h"
+#include "nibble/tokenizer.h"
 #include "nibble/qmodel.h"
 #include "nibble/ops.h"
 #include "nibble/model.h"
