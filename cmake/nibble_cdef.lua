@@ -59,9 +59,17 @@ for line in (src .. "\n"):gmatch("([^\n]*)\n") do
 end
 if #kept == 0 then die("no declarations found under " .. incdir .. " in " .. input) end
 
-local text_lines = {}
-for i, l in ipairs(kept) do text_lines[i] = l.text end
-local text = table.concat(text_lines, "\n")
+-- Consecutive lines of one header form a segment (a declaration never spans an #include), so a
+-- declaration LuaJIT rejects can be blamed on its header.
+local segments = {}
+for _, l in ipairs(kept) do
+  local last = segments[#segments]
+  if not last or last.file ~= l.file then
+    last = { file = l.file, lines = {} }
+    segments[#segments + 1] = last
+  end
+  last.lines[#last.lines + 1] = l.text
+end
 
 -- 2. Strip what LuaJIT's C parser does not take. The headers should not contain these (common.md),
 -- but a stray one must not break every Lua user.
@@ -90,48 +98,58 @@ local function strip_balanced(s, word)
   out[#out + 1] = s:sub(pos)
   return table.concat(out)
 end
-for _, w in ipairs({ "__attribute__", "__attribute", "__asm__", "__asm", "asm", "_Static_assert",
-                     "static_assert", "_Alignas", "__declspec" }) do
-  text = strip_balanced(text, w)
-end
-for _, w in ipairs({ "__extension__", "__restrict__", "__restrict", "restrict", "__inline__", "__inline",
-                     "_Noreturn", "__thread", "_Thread_local" }) do
-  text = text:gsub("%f[%w_]" .. w .. "%f[^%w_]", "")
-end
+local function clean(text)
+  for _, w in ipairs({ "__attribute__", "__attribute", "__asm__", "__asm", "asm", "_Static_assert",
+                       "static_assert", "_Alignas", "__declspec" }) do
+    text = strip_balanced(text, w)
+  end
+  for _, w in ipairs({ "__extension__", "__restrict__", "__restrict", "restrict", "__inline__", "__inline",
+                       "_Noreturn", "__thread", "_Thread_local" }) do
+    text = text:gsub("%f[%w_]" .. w .. "%f[^%w_]", "")
+  end
 
--- Remove function definitions (`static inline` helpers with bodies). Split the text into file-scope
--- declarations: one ends at a `;` at depth 0, or at the `}` closing a body whose `{` followed a `)`.
-do
-  local decls, depth, start, last_sig, is_body = {}, 0, 1, nil, false
-  for i = 1, #text do
-    local c = text:sub(i, i)
-    if c == "{" then
-      if depth == 0 and last_sig == ")" then is_body = true end
-      depth = depth + 1
-    elseif c == "}" then
-      depth = depth - 1
-      if depth == 0 and is_body then
-        decls[#decls + 1] = { text:sub(start, i), true }
-        start, is_body = i + 1, false
+  -- Remove function definitions (`static inline` helpers with bodies). Split the text into file-scope
+  -- declarations: one ends at a `;` at depth 0, or at the `}` closing a body whose `{` followed a `)`.
+  do
+    local decls, depth, start, last_sig, is_body = {}, 0, 1, nil, false
+    for i = 1, #text do
+      local c = text:sub(i, i)
+      if c == "{" then
+        if depth == 0 and last_sig == ")" then is_body = true end
+        depth = depth + 1
+      elseif c == "}" then
+        depth = depth - 1
+        if depth == 0 and is_body then
+          decls[#decls + 1] = { text:sub(start, i), true }
+          start, is_body = i + 1, false
+        end
+      elseif c == ";" and depth == 0 then
+        decls[#decls + 1] = { text:sub(start, i), false }
+        start = i + 1
       end
-    elseif c == ";" and depth == 0 then
-      decls[#decls + 1] = { text:sub(start, i), false }
-      start = i + 1
+      if depth == 0 and not c:match("%s") then last_sig = c end
     end
-    if depth == 0 and not c:match("%s") then last_sig = c end
+    decls[#decls + 1] = { text:sub(start), false }
+    local keep = {}
+    for _, d in ipairs(decls) do
+      if not d[2] then keep[#keep + 1] = d[1] end
+    end
+    text = table.concat(keep)
   end
-  decls[#decls + 1] = { text:sub(start), false }
-  local keep = {}
-  for _, d in ipairs(decls) do
-    if not d[2] then keep[#keep + 1] = d[1] end
-  end
-  text = table.concat(keep)
-end
--- A bare `inline` left on a prototype is harmless to C but not to cdef.
-text = text:gsub("%f[%w_]inline%f[^%w_]", "")
+  -- A bare `inline` left on a prototype is harmless to C but not to cdef.
+  text = text:gsub("%f[%w_]inline%f[^%w_]", "")
 
--- Tidy: drop blank runs.
-text = text:gsub("[ \t]+\n", "\n"):gsub("\n\n\n+", "\n\n"):gsub("^%s+", "")
+  -- Tidy: drop blank runs.
+  text = text:gsub("[ \t]+\n", "\n"):gsub("\n\n\n+", "\n\n"):gsub("^%s+", "")
+  return text
+end
+
+local parts = {}
+for _, seg in ipairs(segments) do
+  seg.text = clean(table.concat(seg.lines, "\n"))
+  if seg.text:find("%S") then parts[#parts + 1] = "/* nibble/" .. seg.file .. " */\n" .. seg.text end
+end
+local text = table.concat(parts, "\n")
 
 -- System types a header may use that LuaJIT does not predefine (it knows size_t, intN_t, va_list,
 -- bool...). They go in a separate prelude that the loader declares one by one under pcall, so a
@@ -150,18 +168,19 @@ end
 -- 3. Prove LuaJIT accepts it (in a fresh state's ffi namespace: this process has nothing else defined).
 local ffi = require("ffi")
 for _, p in ipairs(prelude) do ffi.cdef(p) end
-local ok, err = pcall(ffi.cdef, text)
-if not ok then
-  local lno = tonumber(tostring(err):match("line (%d+)"))
-  local ctx = ""
-  if lno then
+for _, seg in ipairs(segments) do
+  local ok, err = pcall(ffi.cdef, seg.text)
+  if not ok then
+    local lno = tonumber(tostring(err):match("line (%d+)"))
+    local ctx = ""
     local i = 0
-    for l in (text .. "\n"):gmatch("([^\n]*)\n") do
+    for l in (seg.text .. "\n"):gmatch("([^\n]*)\n") do
       i = i + 1
-      if i >= lno - 2 and i <= lno + 2 then ctx = ctx .. string.format("%5d| %s\n", i, l) end
+      if not lno or (i >= lno - 2 and i <= lno + 2) then ctx = ctx .. string.format("%5d| %s\n", i, l) end
+      if not lno and i >= 12 then ctx = ctx .. "  ...\n" break end
     end
+    die(("LuaJIT cannot parse the declarations of nibble/%s: %s\n%s"):format(seg.file, tostring(err), ctx))
   end
-  die("LuaJIT cannot parse the generated declarations: " .. tostring(err) .. "\n" .. ctx)
 end
 
 -- 4. Write the module.

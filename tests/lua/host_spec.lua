@@ -1,0 +1,353 @@
+-- The `nibble` program, run as a subprocess: --version/--help, -e, run with key=value arguments,
+-- tracebacks and exit codes, `inspect` (text and --json) on good and corrupt files, sub-command
+-- dispatch to lua/nibble/cli/<cmd>.lua, the REPL on a pipe and on a pty, and Ctrl-C.
+local nibble = require("nibble")
+local nbspec = require("nbspec")
+local json = require("nibble.json")
+
+local run = nbspec.nibble
+local hf = nbspec.data("stories260K/hf")
+local gguf_path = nbspec.data("stories260K/stories260K.gguf")
+
+local function need(x)
+  if not x then pending("../shared/data/stories260K is absent") end
+  return x ~= nil
+end
+
+local function has(s, needle) return s:find(needle, 1, true) ~= nil end
+
+local function script(text)
+  local path = nbspec.tmpname(".lua")
+  nbspec.write(path, text)
+  return path
+end
+
+describe("nibble flags", function()
+  it("--version prints nibble's and LuaJIT's versions", function()
+    local out, err, code = run({ "--version" })
+    assert.are.equal(0, code, err)
+    assert.are.equal(("nibble %s (LuaJIT 2.1.0-beta3, CUDA %s)\n"):format(nibble.version,
+      nibble.cuda().built and "on" or "off"), out)
+  end)
+
+  it("--help lists the built-ins and the cli modules", function()
+    local out, err, code = run({ "--help" })
+    assert.are.equal(0, code, err)
+    assert.truthy(has(out, "nibble run FILE [ARGS]"), out)
+    assert.truthy(has(out, "nibble -e CODE [ARGS]"), out)
+    assert.truthy(out:find("\n  nibble inspect %.%.%. +list the tensors %(name, dtype, shape, bytes%) and GGUF metadata"), out)
+  end)
+
+  it("rejects unknown commands and options", function()
+    local _, err, code = run({ "frobnicate" })
+    assert.are.equal(1, code)
+    assert.are.equal("nibble: unknown command or file 'frobnicate' (see nibble --help)\n", err)
+    _, err, code = run({ "--frob" })
+    assert.are.equal(1, code)
+    assert.are.equal("nibble: unknown option '--frob' (see nibble --help)\n", err)
+    _, err, code = run({ "-e" })
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "-e needs an argument"), err)
+  end)
+end)
+
+describe("nibble -e and run", function()
+  it("runs code with the nibble module loaded and linked into the host", function()
+    local out, err, code = run({ "-e", "print(1 + 1, nibble.version, nibble.libpath, type(nibble.zeros))" })
+    assert.are.equal(0, code, err)
+    assert.are.equal(("2\t%s\t(linked into the nibble host)\tfunction\n"):format(nibble.version), out)
+  end)
+
+  it("loads stories260K and prints the count and a shape (the issue's example)", function()
+    if not need(hf) then return end
+    local code_text = ('local t = nibble.load(%q); print(#t, t["model.layers.0.self_attn.q_proj.weight"].shape)')
+      :format(hf .. "/model.safetensors")
+    local out, err, code = run({ "-e", code_text })
+    assert.are.equal(0, code, err)
+    assert.are.equal("47\t{64, 64}\n", out)
+  end)
+
+  it("passes key=value pairs as arg.key and the rest positionally", function()
+    local path = script([[
+print(arg[0], arg[1], arg[2], arg[3], arg.model, arg.steps, type(arg.steps), arg.eq, select("#", ...))
+print(arg[-1] ~= nil, arg["not-a-key"], arg["lr.min"])
+]])
+    local out, err, code = run({ "run", path, "first", "model=x/y.safetensors", "steps=3", "eq=a=b", "second", "=odd",
+                                 "lr.min=1e-5" })
+    assert.are.equal(0, code, err)
+    assert.are.equal(("%s\tfirst\tsecond\t=odd\tx/y.safetensors\t3\tstring\ta=b\t7\ntrue\tnil\t1e-5\n"):format(path), out)
+    out, err, code = run({ path, "k=v" })   -- FILE.lua directly
+    assert.are.equal(0, code, err)
+    assert.truthy(out:find("^" .. path:gsub("%p", "%%%0") .. "\tnil\tnil\tnil\tnil\tnil\tnil\tnil\t1\n"), out)
+    os.remove(path)
+  end)
+
+  it("prints a traceback with file:line and exits 1 on a script error", function()
+    local path = script("local function f()\n  error('boom')\nend\nf()\n")
+    local out, err, code = run({ "run", path })
+    assert.are.equal(1, code)
+    assert.are.equal("", out)
+    assert.truthy(has(err, "nibble: " .. path .. ":2: boom\nstack traceback:\n"), err)
+    assert.truthy(has(err, path .. ":2: in function 'f'"), err)
+    assert.truthy(has(err, path .. ":4: in main chunk"), err)
+    os.remove(path)
+  end)
+
+  it("reports library errors at the script's line", function()
+    local path = script("local t = nibble.zeros('f32', 2, 3)\nlocal v = t:view(5)\n")
+    local _, err, code = run({ "run", path })
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "nibble: " .. path .. ":2: NB_ERR_SHAPE: view: 6 elements cannot be viewed as 5\n"), err)
+    os.remove(path)
+  end)
+
+  it("reports syntax errors and missing files", function()
+    local path = script("x = = 1\n")
+    local _, err, code = run({ "run", path })
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "nibble: " .. path .. ":1: unexpected symbol near '='"), err)
+    os.remove(path)
+    _, err, code = run({ "run", "/nonexistent/x.lua" })
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "cannot open /nonexistent/x.lua"), err)
+    _, err, code = run({ "-e", "error({})" })
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "(error object is a table value)"), err)
+  end)
+
+  it("runs a script from stdin with run -", function()
+    local out, err, code = run({ "run", "-", "n=4" }, "print(arg.n * 2)\n")
+    assert.are.equal(0, code, err)
+    assert.are.equal("8\n", out)
+  end)
+end)
+
+describe("nibble inspect", function()
+  it("lists every tensor of the safetensors file", function()
+    if not need(hf) then return end
+    local out, err, code = run({ "inspect", hf .. "/model.safetensors" })
+    assert.are.equal(0, code, err)
+    assert.truthy(has(out, hf .. "/model.safetensors: safetensors, 1 file, 47 tensors, 260,032 parameters, "
+                        .. "1,040,128 bytes of tensor data\n"), out)
+    assert.truthy(has(out, "\nmetadata (1):\n  format  \"pt\"\n"), out)
+    assert.truthy(out:find("\n  model%.layers%.0%.self_attn%.q_proj%.weight +F32 +{64, 64} +16,384\n"), out)
+    local w = nibble.load(hf)
+    local rows = 0
+    for name in w:pairs() do
+      assert.truthy(out:find("\n  " .. name:gsub("%p", "%%%0") .. " +F32 +{[%d, ]+} +[%d,]+\n"), name)
+      rows = rows + 1
+    end
+    assert.are.equal(47, rows)
+  end)
+
+  it("lists every tensor and the metadata of the GGUF file", function()
+    if not need(gguf_path) then return end
+    local out, err, code = run({ "inspect", gguf_path })
+    assert.are.equal(0, code, err)
+    assert.truthy(has(out, ": GGUF v3, 48 tensors, 292,800 parameters, 1,171,200 bytes of tensor data\n"), out)
+    assert.truthy(out:find("\n  general%.architecture +\"llama\"\n"), out)
+    assert.truthy(out:find("\n  tokenizer%.ggml%.tokens +array%[string%] %(512%): \"<unk>\", \"<s>\", \"</s>\", "), out)
+    assert.truthy(out:find("\n  llama%.attention%.layer_norm_rms_epsilon +9%.99999975e%-06\n"), out)
+    local n = 0
+    for name in nibble.load(gguf_path):pairs() do
+      assert.truthy(out:find("\n  " .. name:gsub("%p", "%%%0") .. " +F32 +{[%d, ]+} +[%d,]+\n"), name)
+      n = n + 1
+    end
+    assert.are.equal(48, n)
+  end)
+
+  it("--json prints nibble.inspect as JSON", function()
+    if not need(hf and gguf_path) then return end
+    for _, p in ipairs({ hf, gguf_path }) do
+      local out, err, code = run({ "inspect", p, "--json" })
+      assert.are.equal(0, code, err)
+      local j = json.decode(out)
+      local ref = nibble.inspect(p)
+      assert.are.equal(ref.count, j.count)
+      assert.are.equal(ref.params, j.params)
+      assert.are.equal(#ref.tensors, #j.tensors)
+      for i, r in ipairs(ref.tensors) do
+        assert.are.equal(r.name, j.tensors[i].name)
+        assert.are.same(r.shape, j.tensors[i].shape)
+        assert.are.equal(r.bytes, j.tensors[i].bytes)
+      end
+      assert.are.equal(#ref.metadata, #j.metadata)
+    end
+    local ok, dk = pcall(require, "dkjson")   -- an independent parser, when installed
+    if ok then
+      local out = run({ "inspect", gguf_path, "--json" })
+      local j = dk.decode(out)
+      assert.are.equal(48, #j.tensors)
+      assert.are.equal("<unk>", j.metadata[1].value[1])
+    end
+  end)
+
+  it("names the problem with a bad file and exits 1", function()
+    local tmp = nbspec.tmpname(".safetensors")
+    nbspec.write(tmp, "\16\0\0\0\0\0\0\0{\"a\":{\"dtype\":1}}")
+    local out, err, code = run({ "inspect", tmp })
+    assert.are.equal(1, code)
+    assert.are.equal("", out)
+    assert.truthy(err:find("^nibble inspect: NB_ERR_FORMAT: " .. tmp:gsub("%p", "%%%0")), err)
+    assert.falsy(has(err, "traceback"))
+    nbspec.write(tmp, "GGUF\3\0\0\0\1\0\0\0\0\0\0\0")
+    _, err, code = run({ "inspect", tmp, "--json" })
+    assert.are.equal(1, code)
+    assert.truthy(err:find("^nibble inspect: NB_ERR_FORMAT: "), err)
+    os.remove(tmp)
+    _, err, code = run({ "inspect", "/nonexistent.gguf" })
+    assert.are.equal(1, code)
+    assert.are.equal("nibble inspect: NB_ERR_IO: cannot open /nonexistent.gguf: No such file or directory\n", err)
+    _, err, code = run({ "inspect" })
+    assert.are.equal(1, code)
+    assert.truthy(has(err, "usage: nibble inspect PATH [--json] [--all]"), err)
+  end)
+end)
+
+describe("sub-commands", function()
+  it("dispatch to nibble.cli.<cmd> found on NIBBLE_LUA_PATH and appear in --help", function()
+    local dir = nbspec.mkdtemp()
+    os.execute("mkdir -p " .. nbspec.quote(dir .. "/nibble/cli"))
+    nbspec.write(dir .. "/nibble/cli/hello-test.lua", [[
+-- nibble hello-test: a command that exists only in this test
+return function(args)
+  print(#args, args[1], args[2], type(nibble) == "table" or require("nibble") ~= nil)
+  return 3
+end
+]])
+    local env = { NIBBLE_LUA_PATH = dir .. "/?.lua" }
+    local out, err, code = run({ "hello-test", "a", "k=v" }, nil, env)
+    assert.are.equal(3, code, err)
+    assert.are.equal("2\ta\tk=v\ttrue\n", out)
+    out = run({ "--help" }, nil, env)
+    assert.truthy(out:find("\n  nibble hello%-test %.%.%. +a command that exists only in this test\n"), out)
+    assert.truthy(has(out, "nibble inspect ..."), out)
+    os.execute("rm -rf " .. nbspec.quote(dir))
+  end)
+end)
+
+describe("the REPL", function()
+  it("prints expression results and continues incomplete chunks (stdin is a pipe)", function()
+    local input = table.concat({
+      "x = 1 + 2",
+      "x",
+      "=x * 2",
+      "nibble.tensor{{1, 2}, {3, 4}}",
+      "function f(a)",
+      "  return a * 10",
+      "end",
+      "f(4)",
+      "nibble.zeros('bf16', 64, 64).shape",
+      "'str', nil, 5",
+      "error('oops')",
+      "{1, 2, x = 3}",
+      "print('still here')",
+      "for i = 1, 2 do",
+    }, "\n") .. "\n"
+    local out, err, code = run({}, input)
+    assert.are.equal(0, code, err)
+    assert.are.equal(table.concat({
+      "3", "6", "tensor<f32>{2, 2} {{1, 2}, {3, 4}}", "40", "{64, 64}", "str\tnil\t5", "{1, 2, x = 3}",
+      "still here", "" }, "\n"), out)
+    assert.truthy(has(err, "nibble: oops\n"), err)
+    assert.truthy(has(err, "nibble: stdin:1: 'end' expected near '<eof>'\n"), err)
+  end)
+
+  it("loads and shows a model at the prompt", function()
+    if not need(hf) then return end
+    local out, err, code = run({}, ("w = nibble.load(%q)\n#w, w[1]\nw['model.norm.weight']:stats().numel\n"):format(hf))
+    assert.are.equal(0, code, err)
+    assert.are.equal("47\tmodel.embed_tokens.weight\n64\n", out)
+  end)
+end)
+
+describe("Ctrl-C", function()
+  -- The program writes its pid, then the driver sends SIGINT while a loop runs. Loops that call
+  -- nibble are interrupted (check() polls the context flag the handler sets, and the Lua hook).
+  local pidfile
+  before_each(function() pidfile = nbspec.tmpname(".pid") end)
+  after_each(function() os.remove(pidfile) end)
+
+  -- sh -c 'echo $$ > PIDFILE; exec nibble ARGS...' (so $$ is nibble's pid)
+  local function bin_with_pid(...)
+    local inner = { "echo $$ >", nbspec.quote(pidfile), "; exec", nbspec.quote(nbspec.bin) }
+    for _, a in ipairs({ ... }) do inner[#inner + 1] = nbspec.quote(a) end
+    return "sh -c " .. nbspec.quote(table.concat(inner, " "))
+  end
+
+  it("stops a script with a traceback and exit code 130", function()
+    local code_text = "while true do local t = nibble.zeros('f32', 8) end"
+    local cmd = ("%s & sleep 1; kill -INT $(cat %s); wait $!"):format(bin_with_pid("-e", code_text), pidfile)
+    local out, err, code = nbspec.sh(cmd)
+    assert.are.equal(130, code, err)
+    assert.are.equal("", out)
+    assert.truthy(has(err, "nibble: interrupted\nstack traceback:\n"), err)
+    assert.truthy(has(err, "(command line):1: in main chunk"), err)
+  end)
+
+  it("interrupts the default context: a compiled loop that polls it stops at once", function()
+    -- LuaJIT runs no debug hooks inside compiled loops; the handler's nb_ctx_interrupt is what
+    -- this loop sees (as every nibble call does through check()).
+    local code_text = "local n = 0 while nibble.C.nb_ctx_interrupted(nibble.ctx) == 0 do n = n + 1 end print('not reached')"
+    local cmd = ("%s & sleep 1; kill -INT $(cat %s); wait $!"):format(bin_with_pid("-e", code_text), pidfile)
+    local out, err, code = nbspec.sh(cmd)
+    assert.are.equal(130, code, err)
+    assert.are.equal("", out)
+    assert.truthy(has(err, "nibble: interrupted\n"), err)
+  end)
+
+  it("explains a compiled loop that cannot be interrupted, and a second Ctrl-C exits", function()
+    local code_text = "local n = 0 while true do n = n + 1 end"
+    local cmd = ("%s & sleep 1; kill -INT $(cat %s); sleep 1.5; kill -INT $(cat %s); wait $!"):format(
+      bin_with_pid("-e", code_text), pidfile, pidfile)
+    local out, err, code = nbspec.sh(cmd)
+    assert.are.equal(130, code, err)
+    assert.are.equal("", out)
+    assert.truthy(has(err, "nibble: still running: LuaJIT-compiled Lua loops cannot be interrupted"), err)
+    assert.truthy(has(err, "nibble: interrupted twice, exiting\n"), err)
+  end)
+
+  it("returns to the REPL prompt, and drops a half-typed chunk", function()
+    local feed = ("{ echo 'x = 0'; echo 'while true do local t = nibble.zeros(\"f32\", 8); x = x + 1 end'; sleep 1; "
+      .. "kill -INT $(cat %s); sleep 0.5; echo 'print(\"alive\", x > 0)'; echo 'for i = 1, 3 do'; sleep 0.5; "
+      .. "kill -INT $(cat %s); sleep 0.5; echo 'print(\"after\")'; }"):format(pidfile, pidfile)
+    local out, err, code = nbspec.sh(feed .. " | " .. bin_with_pid())
+    assert.are.equal(0, code, err)
+    assert.are.equal("alive\ttrue\nafter\n", out)
+    assert.truthy(has(err, "nibble: interrupted\n"), err)
+  end)
+
+  it("works on a terminal (libedit, under script(1))", function()
+    local _, _, has_script = nbspec.sh("command -v script")
+    if has_script ~= 0 then pending("script(1) is not installed") return end
+    local home = nbspec.mkdtemp()
+    -- Ctrl-C is sent three times a little apart: whether one lands at the prompt or in the loop,
+    -- the loop is stopped and the REPL stays up.
+    local feed = "{ sleep 0.7; printf '1 + 41\\r'; sleep 0.3; printf 'x = 0\\r'; sleep 0.3; "
+      .. "printf 'while true do local t = nibble.zeros(\"f32\", 8); x = x + 1 end\\r'; "
+      .. "sleep 1; printf '\\003'; sleep 0.7; printf '\\003'; sleep 0.7; printf '\\003'; sleep 0.5; "
+      .. "printf 'print(\"alive\", x > 0)\\r'; sleep 0.3; printf 'half typed\\003'; sleep 0.3; "
+      .. "printf 'nibble.tensor{1, 2}\\r'; sleep 0.3; printf '\\004'; sleep 0.5; }"
+    local cmd = ("%s | HOME=%s timeout 20 script -qfec %s /dev/null"):format(feed, nbspec.quote(home), nbspec.quote(nbspec.bin))
+    local out, err, code = nbspec.sh(cmd)
+    assert.are.equal(0, code, err)
+    out = out:gsub("\r", "")
+    assert.truthy(has(out, "> 1 + 41\n42\n"), out)
+    assert.truthy(has(out, "nibble: interrupted\n"), out)
+    assert.truthy(has(out, "alive\ttrue\n"), out)
+    assert.truthy(has(out, "^C\n"), out)
+    assert.truthy(has(out, "tensor<f32>{2} {1, 2}\n"), out)
+    local hist = nbspec.read(home .. "/.nibble_history") or ""
+    assert.truthy(has(hist, "1\\040+\\04041"), hist)
+    os.execute("rm -rf " .. nbspec.quote(home))
+  end)
+end)
+
+describe("plain luajit", function()
+  it("finds libnibble through the path baked into nibble.buildinfo", function()
+    local cmd = "env -u NIBBLE_LIB luajit -e 'local n = require(\"nibble\"); print(n.libpath, #n.zeros(\"f32\", 3))'"
+    local out, err, code = nbspec.sh(cmd)
+    assert.are.equal(0, code, err)
+    assert.are.equal(require("nibble.buildinfo").lib .. "\t3\n", out)
+  end)
+end)
