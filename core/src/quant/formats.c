@@ -1,0 +1,76 @@
+/* The quantization format traits table (ggml-style: one row per stable nb_qformat id) and the
+ * small numeric helpers the calibrators share. Row function pointers start at the scalar
+ * references and can be swapped by a dispatcher (nb_qformat_set_rows) for bit-equal fast paths. */
+#include <math.h>
+#include <string.h>
+
+#include "quant_internal.h"
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+/* Mutable only through nb_qformat_set_rows; the numeric fields never change. */
+static nb_qformat_traits TRAITS[NB_FMT_COUNT] = {
+    [NB_FMT_NONE] = {"none", NB_FMT_NONE, 0, NB_F32, NB_F32, NB_F32, 0.0f, 0.0f, NULL, NULL, NULL},
+    [NB_FMT_NVFP4] = {"nvfp4", NB_FMT_NVFP4, NB_NVFP4_BLOCK, NB_E2M1, NB_U8, NB_E4M3, 6.0f, 448.0f,
+                      nb_nvfp4_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_fake_row_ref},
+    [NB_FMT_NVFP4_46] = {"nvfp4_46", NB_FMT_NVFP4, NB_NVFP4_BLOCK, NB_E2M1, NB_U8, NB_E4M3, 6.0f, 256.0f,
+                         nb_nvfp4_46_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_46_fake_row_ref},
+    [NB_FMT_MXFP8] = {"mxfp8", NB_FMT_MXFP8, NB_MXFP8_BLOCK, NB_E4M3, NB_E4M3, NB_U8, 448.0f, 0.0f,
+                      nb_mxfp8_quantize_row_ref, nb_mxfp8_dequantize_row_ref, nb_mxfp8_fake_row_ref},
+    [NB_FMT_FP8_TENSOR] = {"fp8", NB_FMT_FP8_TENSOR, 0, NB_E4M3, NB_E4M3, NB_F32, 448.0f, 0.0f,
+                           nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
+    [NB_FMT_FP8_CHANNEL] = {"fp8_channel", NB_FMT_FP8_CHANNEL, 0, NB_E4M3, NB_E4M3, NB_F32, 448.0f, 0.0f,
+                            nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
+};
+
+/* The references, to restore after a swap. */
+static const struct {
+    nb_qrow_quantize_fn q;
+    nb_qrow_dequantize_fn d;
+    nb_qrow_fake_fn f;
+} REF[NB_FMT_COUNT] = {
+    [NB_FMT_NVFP4] = {nb_nvfp4_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_fake_row_ref},
+    [NB_FMT_NVFP4_46] = {nb_nvfp4_46_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_46_fake_row_ref},
+    [NB_FMT_MXFP8] = {nb_mxfp8_quantize_row_ref, nb_mxfp8_dequantize_row_ref, nb_mxfp8_fake_row_ref},
+    [NB_FMT_FP8_TENSOR] = {nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
+    [NB_FMT_FP8_CHANNEL] = {nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
+};
+
+const nb_qformat_traits *nb_qformat_info(nb_qformat f) {
+    return ((unsigned)f < NB_FMT_COUNT) ? &TRAITS[f] : NULL;
+}
+
+int nb_qformat_from_name(const char *name) {
+    if (!name) return -1;
+    if (strcmp(name, "four_over_six") == 0) return NB_FMT_NVFP4_46;
+    for (int i = 0; i < NB_FMT_COUNT; i++)
+        if (strcmp(TRAITS[i].name, name) == 0) return i;
+    return -1;
+}
+
+nb_status nb_qformat_set_rows(nb_ctx *ctx, nb_qformat f, nb_qrow_quantize_fn quantize,
+                              nb_qrow_dequantize_fn dequantize, nb_qrow_fake_fn fake) {
+    if ((unsigned)f >= NB_FMT_COUNT || f == NB_FMT_NONE)
+        return nb_fail(ctx, NB_ERR_INVALID, "set_rows: no row functions for format %d", (int)f);
+    TRAITS[f].quantize_row = quantize ? quantize : REF[f].q;
+    TRAITS[f].dequantize_row = dequantize ? dequantize : REF[f].d;
+    TRAITS[f].fake_row = fake ? fake : REF[f].f;
+    return NB_OK;
+}
+
+float nb_linspace_f32(double start, double stop, int64_t steps, int64_t i) {
+    float a = (float)start, b = (float)stop;
+    if (steps <= 1) return a;
+    float span = b - a;
+    float step = span / (float)(steps - 1);
+    /* torch's CPU kernel evaluates start + step*i (and stop - step*(steps-1-i)) with one rounding */
+    if (i < steps / 2) return fmaf(step, (float)i, a);
+    return fmaf(-step, (float)(steps - 1 - i), b);
+}
+
+int64_t nb_mse_steps(double start, double stop, double step) {
+    if (!(step > 0.0) || !(stop >= start)) return 1;
+    return (int64_t)ceil((stop - start) / step) + 1;
+}

@@ -1,0 +1,564 @@
+/* Quantized tensors and the tensor-level drivers: validate the input (shape vs block, NaN/Inf),
+ * resolve the per-tensor scales once (a plan), then run the format's row functions over rows
+ * with nb_parallel_for. Quantize, fake quant and dequantize all go through the traits table. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant_internal.h"
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+/* ---- row I/O helpers ------------------------------------------------------------------------ */
+
+void nbq_load_row(const void *base, nb_dtype dt, int64_t row, int64_t n, float *out) {
+    if (dt == NB_F32) {
+        memcpy(out, (const float *)base + row * n, (size_t)n * sizeof(float));
+    } else if (dt == NB_BF16) {
+        const uint16_t *s = (const uint16_t *)base + row * n;
+        for (int64_t i = 0; i < n; i++) out[i] = nb_bf16_to_f32(s[i]);
+    } else {
+        const uint16_t *s = (const uint16_t *)base + row * n;
+        for (int64_t i = 0; i < n; i++) out[i] = nb_f16_to_f32(s[i]);
+    }
+}
+
+void nbq_store_row(void *base, nb_dtype dt, int64_t row, int64_t n, const float *in) {
+    if (dt == NB_F32) {
+        memmove((float *)base + row * n, in, (size_t)n * sizeof(float));
+    } else if (dt == NB_BF16) {
+        uint16_t *d = (uint16_t *)base + row * n;
+        for (int64_t i = 0; i < n; i++) d[i] = nb_f32_to_bf16(in[i]);
+    } else {
+        uint16_t *d = (uint16_t *)base + row * n;
+        for (int64_t i = 0; i < n; i++) d[i] = nb_f32_to_f16(in[i]);
+    }
+}
+
+int64_t nbq_find_nonfinite(const void *base, nb_dtype dt, int64_t n) {
+    if (dt == NB_F32) {
+        const float *p = base;
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(p[i])) return i;
+    } else if (dt == NB_BF16) {
+        const uint16_t *p = base;
+        for (int64_t i = 0; i < n; i++)
+            if ((p[i] & 0x7F80) == 0x7F80) return i;
+    } else if (dt == NB_F16) {
+        const uint16_t *p = base;
+        for (int64_t i = 0; i < n; i++)
+            if ((p[i] & 0x7C00) == 0x7C00) return i;
+    }
+    return -1;
+}
+
+typedef struct absmax_job {
+    const void *base;
+    nb_dtype dt;
+    int64_t n, chunk;
+    float part[256];
+} absmax_job;
+
+static void absmax_range(void *arg, int64_t begin, int64_t end) {
+    absmax_job *j = arg;
+    for (int64_t c = begin; c < end; c++) {
+        int64_t lo = c * j->chunk, hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
+        float m = 0.0f;
+        float buf[256];
+        for (int64_t i = lo; i < hi; i += 256) {
+            int64_t k = hi - i < 256 ? hi - i : 256;
+            nbq_load_row((const uint8_t *)j->base + i * nb_dtype_nbytes(j->dt, 1), j->dt, 0, k, buf);
+            for (int64_t t = 0; t < k; t++) {
+                float a = fabsf(buf[t]);
+                if (a > m) m = a;
+            }
+        }
+        j->part[c] = m;
+    }
+}
+
+float nbq_absmax(nb_ctx *ctx, const void *base, nb_dtype dt, int64_t n) {
+    absmax_job j = {.base = base, .dt = dt, .n = n};
+    int64_t nchunks = n < 65536 ? 1 : 256;
+    j.chunk = (n + nchunks - 1) / nchunks;
+    if (j.chunk == 0) return 0.0f;
+    nchunks = (n + j.chunk - 1) / j.chunk;
+    nb_parallel_for(ctx, nchunks, 1, absmax_range, &j);
+    float m = 0.0f;
+    for (int64_t c = 0; c < nchunks; c++)
+        if (j.part[c] > m) m = j.part[c];
+    return m;
+}
+
+nb_status nbq_check_input(nb_ctx *ctx, const nb_tensor *x, nb_qformat f, const char *what) {
+    const nb_qformat_traits *tr = nb_qformat_info(f);
+    if (!tr || f == NB_FMT_NONE) return nb_fail(ctx, NB_ERR_INVALID, "%s: unknown or empty quantization format %d", what, (int)f);
+    if (!x) return nb_fail(ctx, NB_ERR_INVALID, "%s: tensor is NULL", what);
+    if (x->dtype != NB_F32 && x->dtype != NB_BF16 && x->dtype != NB_F16)
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: %s input: %s quantizes f32, bf16 or f16 tensors", what,
+                       nb_dtype_info(x->dtype)->name, tr->name);
+    if (x->ndim < 1) return nb_fail(ctx, NB_ERR_SHAPE, "%s: %s needs a tensor with at least one dimension", what, tr->name);
+    if (x->device >= 0) return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: device tensors are not supported by the CPU quantizer", what);
+    int64_t n = x->shape[x->ndim - 1];
+    if (tr->block_size && n % tr->block_size)
+        return nb_fail(ctx, NB_ERR_SHAPE,
+                       "%s: last dimension (dim %d) is %lld, not divisible by the %s block size %d", what,
+                       x->ndim - 1, (long long)n, tr->name, tr->block_size);
+    return NB_OK;
+}
+
+nb_status nbq_contiguous(nb_ctx *ctx, const nb_tensor *x, nb_tensor **out) {
+    if (nb_tensor_is_contiguous(x)) {
+        nb_tensor_retain((nb_tensor *)x);
+        *out = (nb_tensor *)x;
+        return NB_OK;
+    }
+    return nb_tensor_contiguous(ctx, x, out);
+}
+
+nb_status nbq_check_finite(nb_ctx *ctx, const nb_tensor *x, const char *what) {
+    int64_t i = nbq_find_nonfinite(nb_tensor_data(x), x->dtype, nb_tensor_numel(x));
+    if (i < 0) return NB_OK;
+    double v = nb_load_elem(nb_tensor_data(x), x->dtype, i);
+    char idx[160];
+    int len = 0;
+    int64_t rem = i, sub[NB_MAX_DIMS];
+    for (int d = x->ndim - 1; d >= 0; d--) { sub[d] = rem % x->shape[d]; rem /= x->shape[d]; }
+    for (int d = 0; d < x->ndim && len < (int)sizeof idx - 24; d++)
+        len += snprintf(idx + len, sizeof idx - (size_t)len, d ? ", %lld" : "%lld", (long long)sub[d]);
+    return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s at flat index %lld (element [%s]); quantization needs finite values",
+                   what, isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"), (long long)i, idx);
+}
+
+/* ---- plans -------------------------------------------------------------------------------- */
+
+static nb_status check_amax_tensor(nb_ctx *ctx, const nb_tensor *t, int64_t want, const char *attr, const char *what) {
+    if (t->dtype != NB_F32 || !nb_tensor_is_contiguous(t))
+        return nb_fail(ctx, NB_ERR_INVALID, "%s: %s must be a contiguous f32 tensor", what, attr);
+    if (nb_tensor_numel(t) != want)
+        return nb_fail(ctx, NB_ERR_SHAPE, "%s: %s has %lld values, the tensor needs %lld", what, attr,
+                       (long long)nb_tensor_numel(t), (long long)want);
+    const float *v = nb_tensor_data(t);
+    for (int64_t i = 0; i < want; i++)
+        if (!isfinite(v[i]) || v[i] < 0.0f)
+            return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s[%lld] = %g is not a finite amax >= 0", what, attr, (long long)i,
+                           (double)v[i]);
+    return NB_OK;
+}
+
+static nb_status check_tensor_amax(nb_ctx *ctx, float a, const char *attr, const char *what) {
+    if (!isfinite(a)) return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s is %g", what, attr, (double)a);
+    if (a == 0.0f)
+        return nb_fail(ctx, NB_ERR_INVALID,
+                       "%s: %s is 0 (an all-zero tensor): there is no positive per-tensor scale to quantize with", what,
+                       attr);
+    return NB_OK;
+}
+
+nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const nb_qparams *p) {
+    memset(plan, 0, sizeof *plan);
+    const char *what = p->name ? p->name : "tensor";
+    plan->fmt = p->format;
+    plan->tr = nb_qformat_info(p->format);
+    if (!plan->tr || p->format == NB_FMT_NONE)
+        return nb_fail(ctx, NB_ERR_INVALID, "%s: unknown or empty quantization format %d", what, (int)p->format);
+    if (x) {
+        plan->n = x->shape[x->ndim - 1];
+        plan->rows = plan->n ? nb_tensor_numel(x) / plan->n : 0;
+    }
+    plan->base.mx_floor = p->mx_floor;
+    plan->base.div_dtype = NB_F32;
+    nb_status s;
+    switch (p->format) {
+    case NB_FMT_NVFP4:
+    case NB_FMT_NVFP4_46: {
+        float norm = plan->tr->scale_norm, a;
+        if (p->block_amax) {
+            if ((s = check_amax_tensor(ctx, p->block_amax, plan->rows * (plan->n / NB_NVFP4_BLOCK), "block_amax", what)))
+                return s;
+            plan->block_amax = nb_tensor_data(p->block_amax);
+            a = p->global_amax;
+            if (nbq_from_data(a)) {
+                a = 0.0f;
+                int64_t nb = nb_tensor_numel(p->block_amax);
+                for (int64_t i = 0; i < nb; i++)
+                    if (plan->block_amax[i] > a) a = plan->block_amax[i];
+            }
+            if ((s = check_tensor_amax(ctx, a, "global_amax", what))) return s;
+        } else {
+            a = p->amax;
+            if (nbq_from_data(a)) a = x ? nbq_absmax(ctx, nb_tensor_data(x), x->dtype, nb_tensor_numel(x)) : 0.0f;
+            if ((s = check_tensor_amax(ctx, a, "amax", what))) return s;
+        }
+        plan->base.global_amax = a;
+        plan->base.scale = nb_nvfp4_scale2(a, norm);
+        return NB_OK;
+    }
+    case NB_FMT_MXFP8:
+        return NB_OK;
+    case NB_FMT_FP8_TENSOR: {
+        float a = p->amax;
+        if (nbq_from_data(a)) a = x ? nbq_absmax(ctx, nb_tensor_data(x), x->dtype, nb_tensor_numel(x)) : 0.0f;
+        if ((s = check_tensor_amax(ctx, a, "amax", what))) return s;
+        plan->base.global_amax = a;
+        plan->base.scale = a / 448.0f;
+        int32_t dd = p->fp8_div_dtype;
+        if (dd < 0) dd = x ? (int32_t)x->dtype : NB_F32;
+        if (dd != NB_F32 && dd != NB_BF16 && dd != NB_F16)
+            return nb_fail(ctx, NB_ERR_INVALID, "%s: fp8_div_dtype must be f32, bf16 or f16", what);
+        plan->base.div_dtype = dd;
+        return NB_OK;
+    }
+    case NB_FMT_FP8_CHANNEL: {
+        plan->row_scale = malloc((size_t)(plan->rows ? plan->rows : 1) * sizeof(float));
+        plan->row_amax = malloc((size_t)(plan->rows ? plan->rows : 1) * sizeof(float));
+        if (!plan->row_scale || !plan->row_amax) {
+            nbq_plan_free(plan);
+            return nb_fail(ctx, NB_ERR_NOMEM, "%s: out of memory (row scales)", what);
+        }
+        if (p->channel_amax) {
+            if ((s = check_amax_tensor(ctx, p->channel_amax, plan->rows, "amax", what))) { nbq_plan_free(plan); return s; }
+            memcpy(plan->row_amax, nb_tensor_data(p->channel_amax), (size_t)plan->rows * sizeof(float));
+        } else {
+            for (int64_t r = 0; r < plan->rows; r++) {
+                const uint8_t *base = (const uint8_t *)nb_tensor_data(x) + r * plan->n * nb_dtype_nbytes(x->dtype, 1);
+                plan->row_amax[r] = nbq_absmax(NULL, base, x->dtype, plan->n);
+            }
+        }
+        for (int64_t r = 0; r < plan->rows; r++) {
+            if (plan->row_amax[r] == 0.0f) {
+                nbq_plan_free(plan);
+                return nb_fail(ctx, NB_ERR_INVALID,
+                               "%s: row %lld has amax 0 (an all-zero output channel): no positive fp8 scale for it", what,
+                               (long long)r);
+            }
+            plan->row_scale[r] = plan->row_amax[r] / 448.0f;
+        }
+        return NB_OK;
+    }
+    default:
+        return nb_fail(ctx, NB_ERR_INVALID, "%s: unknown quantization format %d", what, (int)p->format);
+    }
+}
+
+void nbq_plan_row(const nbq_plan *plan, int64_t row, nb_qrow_args *a) {
+    *a = plan->base;
+    if (plan->block_amax) a->block_amax = plan->block_amax + row * (plan->n / NB_NVFP4_BLOCK);
+    if (plan->row_scale) {
+        a->scale = plan->row_scale[row];
+        a->global_amax = plan->row_amax[row];
+    }
+}
+
+void nbq_plan_free(nbq_plan *plan) {
+    free(plan->row_scale);
+    free(plan->row_amax);
+    plan->row_scale = plan->row_amax = NULL;
+}
+
+/* ---- quantized tensors ------------------------------------------------------------------------ */
+
+static int64_t data_row_bytes(nb_qformat f, int64_t n) { return nbq_is_nvfp4(f) ? n / 2 : n; }
+static int64_t scale_row_bytes(const nb_qformat_traits *tr, int64_t n) { return tr->block_size ? n / tr->block_size : 0; }
+
+nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, nb_qtensor **out) {
+    *out = NULL;
+    const nb_qformat_traits *tr = nb_qformat_info(f);
+    if (!tr || f == NB_FMT_NONE) return nb_fail(ctx, NB_ERR_INVALID, "qtensor: unknown or empty format %d", (int)f);
+    if (ndim < 1 || ndim > NB_MAX_DIMS) return nb_fail(ctx, NB_ERR_SHAPE, "qtensor: ndim %d out of range 1..%d", ndim, NB_MAX_DIMS);
+    int64_t n = shape[ndim - 1];
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0) return nb_fail(ctx, NB_ERR_SHAPE, "qtensor: negative dimension %lld", (long long)shape[i]);
+    if (tr->block_size && n % tr->block_size)
+        return nb_fail(ctx, NB_ERR_SHAPE, "qtensor: last dimension (dim %d) is %lld, not divisible by the %s block size %d",
+                       ndim - 1, (long long)n, tr->name, tr->block_size);
+    nb_qtensor *q = calloc(1, sizeof *q);
+    if (!q) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (qtensor)");
+    q->format = f;
+    q->ndim = ndim;
+    q->refcount = 1;
+    memcpy(q->shape, shape, (size_t)ndim * sizeof(int64_t));
+    int64_t sh[NB_MAX_DIMS];
+    memcpy(sh, shape, (size_t)ndim * sizeof(int64_t));
+    nb_status s;
+    sh[ndim - 1] = data_row_bytes(f, n);
+    if ((s = nb_tensor_new(ctx, tr->data_dtype, ndim, sh, &q->data))) goto fail;
+    if (tr->block_size) {
+        sh[ndim - 1] = n / tr->block_size;
+        s = nb_tensor_new(ctx, tr->scale_dtype, ndim, sh, &q->scale);
+    } else if (f == NB_FMT_FP8_CHANNEL) {
+        s = nb_tensor_new(ctx, NB_F32, ndim - 1, sh, &q->scale);   /* [out]: ModelOpt's exported shape */
+    } else {
+        s = nb_tensor_new(ctx, NB_F32, 0, NULL, &q->scale);
+    }
+    if (s) goto fail;
+    if (nbq_is_nvfp4(f) && (s = nb_tensor_new(ctx, NB_F32, 0, NULL, &q->scale2))) goto fail;
+    *out = q;
+    return NB_OK;
+fail:
+    nb_qtensor_release(q);
+    return s;
+}
+
+static int same_dims(const nb_tensor *t, int ndim, const int64_t *sh) {
+    if (!t || t->ndim != ndim) return 0;
+    for (int i = 0; i < ndim; i++)
+        if (t->shape[i] != sh[i]) return 0;
+    return 1;
+}
+
+nb_status nb_qtensor_wrap(nb_ctx *ctx, nb_qformat f, nb_tensor *data, nb_tensor *scale, nb_tensor *scale2,
+                          nb_qtensor **out) {
+    *out = NULL;
+    const nb_qformat_traits *tr = nb_qformat_info(f);
+    if (!tr || f == NB_FMT_NONE) return nb_fail(ctx, NB_ERR_INVALID, "qtensor: unknown or empty format %d", (int)f);
+    if (!data || !scale) return nb_fail(ctx, NB_ERR_INVALID, "qtensor %s: data and scale are required", tr->name);
+    if (data->dtype != tr->data_dtype && !(data->dtype == NB_U8 && tr->data_dtype == NB_E4M3))
+        return nb_fail(ctx, NB_ERR_INVALID, "qtensor %s: data must be %s, not %s", tr->name,
+                       nb_dtype_info(tr->data_dtype)->name, nb_dtype_info(data->dtype)->name);
+    if (data->ndim < 1 || !nb_tensor_is_contiguous(data) || !nb_tensor_is_contiguous(scale))
+        return nb_fail(ctx, NB_ERR_INVALID, "qtensor %s: data and scale must be contiguous with ndim >= 1", tr->name);
+    int nd = data->ndim;
+    int64_t shape[NB_MAX_DIMS], sh[NB_MAX_DIMS];
+    memcpy(shape, data->shape, (size_t)nd * sizeof(int64_t));
+    if (nbq_is_nvfp4(f)) shape[nd - 1] *= 2;
+    int64_t n = shape[nd - 1];
+    if (tr->block_size && n % tr->block_size)
+        return nb_fail(ctx, NB_ERR_SHAPE, "qtensor %s: last dimension %lld is not divisible by the block size %d", tr->name,
+                       (long long)n, tr->block_size);
+    memcpy(sh, shape, sizeof sh);
+    int scale_ok;
+    nb_dtype want_scale = tr->scale_dtype;
+    if (tr->block_size) {
+        sh[nd - 1] = n / tr->block_size;
+        scale_ok = same_dims(scale, nd, sh);
+    } else if (f == NB_FMT_FP8_CHANNEL) {
+        scale_ok = nb_tensor_numel(scale) == nb_tensor_numel(data) / (n ? n : 1);
+    } else {
+        scale_ok = nb_tensor_numel(scale) == 1;
+    }
+    if (!scale_ok || (scale->dtype != want_scale && !(want_scale == NB_U8 && scale->dtype == NB_E8M0)))
+        return nb_fail(ctx, NB_ERR_SHAPE, "qtensor %s: scale has the wrong dtype or shape", tr->name);
+    if (nbq_is_nvfp4(f) && (!scale2 || scale2->dtype != NB_F32 || nb_tensor_numel(scale2) != 1))
+        return nb_fail(ctx, NB_ERR_INVALID, "qtensor %s: weight_scale_2 must be one f32 value", tr->name);
+    nb_qtensor *q = calloc(1, sizeof *q);
+    if (!q) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (qtensor)");
+    q->format = f;
+    q->ndim = nd;
+    q->refcount = 1;
+    memcpy(q->shape, shape, (size_t)nd * sizeof(int64_t));
+    q->data = data;
+    nb_tensor_retain(data);
+    q->scale = scale;
+    nb_tensor_retain(scale);
+    if (nbq_is_nvfp4(f)) {
+        q->scale2 = scale2;
+        nb_tensor_retain(scale2);
+    }
+    *out = q;
+    return NB_OK;
+}
+
+void nb_qtensor_retain(nb_qtensor *q) { if (q) __atomic_add_fetch(&q->refcount, 1, __ATOMIC_RELAXED); }
+
+void nb_qtensor_release(nb_qtensor *q) {
+    if (!q || __atomic_sub_fetch(&q->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+    nb_tensor_release(q->data);
+    nb_tensor_release(q->scale);
+    nb_tensor_release(q->scale2);
+    free(q);
+}
+
+int64_t nb_qtensor_numel(const nb_qtensor *q) {
+    int64_t n = 1;
+    for (int i = 0; i < q->ndim; i++) n *= q->shape[i];
+    return n;
+}
+
+/* ---- parallel row jobs --------------------------------------------------------------------------- */
+
+typedef struct row_job {
+    const nbq_plan *plan;
+    const void *x;        /* input rows (quantize, fake) */
+    nb_dtype xdt;
+    uint8_t *q, *s;       /* quantize / dequantize */
+    void *y;              /* fake / dequantize output */
+    nb_dtype ydt;
+    const float *row_scales;   /* dequantize: per-row scale (FP8_CHANNEL) */
+    int failed;
+} row_job;
+
+static int64_t grain_for(int64_t n) { return n >= 16384 ? 1 : 16384 / (n ? n : 1); }
+
+static void quantize_range(void *arg, int64_t begin, int64_t end) {
+    row_job *j = arg;
+    const nbq_plan *pl = j->plan;
+    float *buf = malloc((size_t)pl->n * sizeof(float));
+    if (!buf) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+    int64_t qb = data_row_bytes(pl->fmt, pl->n), sb = scale_row_bytes(pl->tr, pl->n);
+    nb_qrow_args a;
+    for (int64_t r = begin; r < end; r++) {
+        nbq_load_row(j->x, j->xdt, r, pl->n, buf);
+        nbq_plan_row(pl, r, &a);
+        pl->tr->quantize_row(buf, pl->n, &a, j->q + r * qb, j->s ? j->s + r * sb : NULL);
+    }
+    free(buf);
+}
+
+static void fake_range(void *arg, int64_t begin, int64_t end) {
+    row_job *j = arg;
+    const nbq_plan *pl = j->plan;
+    float *buf = malloc((size_t)pl->n * 2 * sizeof(float));
+    if (!buf) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+    nb_qrow_args a;
+    for (int64_t r = begin; r < end; r++) {
+        nbq_load_row(j->x, j->xdt, r, pl->n, buf);
+        nbq_plan_row(pl, r, &a);
+        pl->tr->fake_row(buf, pl->n, &a, buf + pl->n);
+        nbq_store_row(j->y, j->ydt, r, pl->n, buf + pl->n);
+    }
+    free(buf);
+}
+
+static void dequant_range(void *arg, int64_t begin, int64_t end) {
+    row_job *j = arg;
+    const nbq_plan *pl = j->plan;
+    float *buf = malloc((size_t)pl->n * sizeof(float));
+    if (!buf) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+    int64_t qb = data_row_bytes(pl->fmt, pl->n), sb = scale_row_bytes(pl->tr, pl->n);
+    nb_qrow_args a = pl->base;
+    for (int64_t r = begin; r < end; r++) {
+        if (j->row_scales) a.scale = j->row_scales[r];
+        pl->tr->dequantize_row(j->q + r * qb, sb ? j->s + r * sb : NULL, pl->n, &a, buf);
+        nbq_store_row(j->y, j->ydt, r, pl->n, buf);
+    }
+    free(buf);
+}
+
+/* ---- quantize / fake quant ---------------------------------------------------------------------- */
+
+nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out) {
+    *out = NULL;
+    const char *what = p->name ? p->name : "tensor";
+    nb_status s = nbq_check_input(ctx, x, p->format, what);
+    if (s) return s;
+    nb_tensor *xc = NULL;
+    if ((s = nbq_contiguous(ctx, x, &xc))) return s;
+    nbq_plan plan;
+    nb_qtensor *q = NULL;
+    if ((s = nbq_check_finite(ctx, xc, what))) goto done;
+    if ((s = nbq_plan_init(ctx, &plan, xc, p))) goto done;
+    if ((s = nb_qtensor_new(ctx, p->format, x->ndim, x->shape, &q))) goto done_plan;
+    if (q->scale2) *(float *)nb_tensor_data(q->scale2) = plan.base.scale;
+    if (p->format == NB_FMT_FP8_TENSOR) *(float *)nb_tensor_data(q->scale) = plan.base.scale;
+    if (p->format == NB_FMT_FP8_CHANNEL)
+        memcpy(nb_tensor_data(q->scale), plan.row_scale, (size_t)plan.rows * sizeof(float));
+    row_job j = {.plan = &plan, .x = nb_tensor_data(xc), .xdt = xc->dtype, .q = nb_tensor_data(q->data),
+                 .s = plan.tr->block_size ? nb_tensor_data(q->scale) : NULL};
+    nb_parallel_for(ctx, plan.rows, grain_for(plan.n), quantize_range, &j);
+    if (j.failed) s = nb_fail(ctx, NB_ERR_NOMEM, "%s: out of memory (row buffer)", what);
+done_plan:
+    nbq_plan_free(&plan);
+done:
+    nb_tensor_release(xc);
+    if (s) nb_qtensor_release(q);
+    else *out = q;
+    return s;
+}
+
+static nb_status check_out(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *out, const char *what) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "%s: output tensor is NULL", what);
+    if (out->dtype != NB_F32 && out->dtype != NB_BF16 && out->dtype != NB_F16)
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: output dtype %s (f32, bf16 or f16 only)", what,
+                       nb_dtype_info(out->dtype)->name);
+    if (!nb_tensor_is_contiguous(out)) return nb_fail(ctx, NB_ERR_INVALID, "%s: output must be contiguous", what);
+    if (!nb_buffer_writable(out->buf)) return nb_fail(ctx, NB_ERR_INVALID, "%s: output is read-only", what);
+    if (out->ndim != x->ndim) return nb_fail(ctx, NB_ERR_SHAPE, "%s: output has %d dims, input %d", what, out->ndim, x->ndim);
+    for (int i = 0; i < x->ndim; i++)
+        if (out->shape[i] != x->shape[i])
+            return nb_fail(ctx, NB_ERR_SHAPE, "%s: output dim %d is %lld, input %lld", what, i, (long long)out->shape[i],
+                           (long long)x->shape[i]);
+    return NB_OK;
+}
+
+nb_status nbq_fake_plan(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *x, nb_tensor *out) {
+    row_job j = {.plan = plan, .x = nb_tensor_data(x), .xdt = x->dtype, .y = nb_tensor_data(out), .ydt = out->dtype};
+    nb_parallel_for(ctx, plan->rows, grain_for(plan->n), fake_range, &j);
+    if (j.failed) return nb_fail(ctx, NB_ERR_NOMEM, "fake quant: out of memory (row buffer)");
+    return NB_OK;
+}
+
+nb_status nbq_fake_plan_f32(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *x, float *out) {
+    row_job j = {.plan = plan, .x = nb_tensor_data(x), .xdt = x->dtype, .y = out, .ydt = NB_F32};
+    nb_parallel_for(ctx, plan->rows, grain_for(plan->n), fake_range, &j);
+    if (j.failed) return nb_fail(ctx, NB_ERR_NOMEM, "fake quant: out of memory (row buffer)");
+    return NB_OK;
+}
+
+nb_status nb_fake_quant(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_tensor *out) {
+    const char *what = p->name ? p->name : "tensor";
+    nb_status s = nbq_check_input(ctx, x, p->format, what);
+    if (s) return s;
+    if ((s = check_out(ctx, x, out, what))) return s;
+    nb_tensor *xc = NULL;
+    if ((s = nbq_contiguous(ctx, x, &xc))) return s;
+    nbq_plan plan;
+    if ((s = nbq_check_finite(ctx, xc, what))) goto done;
+    if ((s = nbq_plan_init(ctx, &plan, xc, p))) goto done;
+    s = nbq_fake_plan(ctx, &plan, xc, out);
+    nbq_plan_free(&plan);
+done:
+    nb_tensor_release(xc);
+    return s;
+}
+
+/* ---- dequantize ---------------------------------------------------------------------------------- */
+
+nb_status nb_qtensor_dequantize_into(nb_ctx *ctx, const nb_qtensor *q, nb_tensor *out) {
+    const nb_qformat_traits *tr = nb_qformat_info(q->format);
+    if (!out || out->ndim != q->ndim) return nb_fail(ctx, NB_ERR_SHAPE, "dequantize: output must have %d dims", q->ndim);
+    for (int i = 0; i < q->ndim; i++)
+        if (out->shape[i] != q->shape[i])
+            return nb_fail(ctx, NB_ERR_SHAPE, "dequantize: output dim %d is %lld, quantized tensor %lld", i,
+                           (long long)out->shape[i], (long long)q->shape[i]);
+    if (out->dtype != NB_F32 && out->dtype != NB_BF16 && out->dtype != NB_F16)
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "dequantize: output dtype %s (f32, bf16 or f16 only)",
+                       nb_dtype_info(out->dtype)->name);
+    if (!nb_tensor_is_contiguous(out) || !nb_buffer_writable(out->buf))
+        return nb_fail(ctx, NB_ERR_INVALID, "dequantize: output must be contiguous and writable");
+    nbq_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.fmt = q->format;
+    plan.tr = tr;
+    plan.n = q->shape[q->ndim - 1];
+    plan.rows = plan.n ? nb_qtensor_numel(q) / plan.n : 0;
+    row_job j = {.plan = &plan, .q = nb_tensor_data(q->data), .s = nb_tensor_data(q->scale), .y = nb_tensor_data(out),
+                 .ydt = out->dtype};
+    if (nbq_is_nvfp4(q->format)) plan.base.scale = *(const float *)nb_tensor_data(q->scale2);
+    else if (q->format == NB_FMT_FP8_TENSOR) plan.base.scale = *(const float *)nb_tensor_data(q->scale);
+    else if (q->format == NB_FMT_FP8_CHANNEL) j.row_scales = nb_tensor_data(q->scale);
+    nb_parallel_for(ctx, plan.rows, grain_for(plan.n), dequant_range, &j);
+    if (j.failed) return nb_fail(ctx, NB_ERR_NOMEM, "dequantize: out of memory (row buffer)");
+    return NB_OK;
+}
+
+nb_status nb_qtensor_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_dtype dt, nb_tensor **out) {
+    nb_status s = nb_tensor_new(ctx, dt, q->ndim, q->shape, out);
+    if (s) return s;
+    if ((s = nb_qtensor_dequantize_into(ctx, q, *out))) {
+        nb_tensor_release(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+void nb_qparams_init(nb_qparams *p, nb_qformat f) {
+    memset(p, 0, sizeof *p);
+    p->format = f;
+    p->amax = -1.0f;
+    p->global_amax = -1.0f;
+    p->fp8_div_dtype = -1;
+}

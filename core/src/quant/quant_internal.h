@@ -1,0 +1,55 @@
+/* Private helpers shared by the quantization sources (core/src/quant/): ModelOpt's E2M1
+ * dequant table, the E4M3 block-scale cast, and the drivers' row helpers. Not installed. */
+#ifndef NIBBLE_QUANT_INTERNAL_H
+#define NIBBLE_QUANT_INTERNAL_H
+
+#include "nibble/quant.h"
+
+/* ModelOpt's e2m1_values: code 8 (-0) dequantizes to +0.0, so fake quant and dequantize agree bitwise. */
+extern const float nb_e2m1_deq[16];
+
+/* Per-tensor amax "from the data" sentinel is any negative value. */
+static inline int nbq_from_data(float v) { return v < 0.0f; }
+
+/* Is the format an NVFP4 variant (packed E2M1 data, E4M3 block scales, F32 scale2)? */
+static inline int nbq_is_nvfp4(nb_qformat f) { return f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46; }
+
+/* Load row `row` (n contiguous elements of a contiguous F32/BF16/F16 tensor) as f32. */
+void nbq_load_row(const void *base, nb_dtype dt, int64_t row, int64_t n, float *out);
+/* Store n f32 values into row `row` of a contiguous F32/BF16/F16 tensor (RNE to 16-bit types). */
+void nbq_store_row(void *base, nb_dtype dt, int64_t row, int64_t n, const float *in);
+/* Index of the first NaN/Inf in a contiguous F32/BF16/F16 tensor, or -1. */
+int64_t nbq_find_nonfinite(const void *base, nb_dtype dt, int64_t n);
+/* max |x| of a contiguous F32/BF16/F16 tensor (threaded). */
+float nbq_absmax(nb_ctx *ctx, const void *base, nb_dtype dt, int64_t n);
+
+/* The shape checks every entry point shares: float dtype, ndim >= 1, last dim divisible by the
+ * format's block. `what` names the tensor in messages. */
+nb_status nbq_check_input(nb_ctx *ctx, const nb_tensor *x, nb_qformat f, const char *what);
+/* A contiguous tensor with x's contents (x itself, retained, when already contiguous). */
+nb_status nbq_contiguous(nb_ctx *ctx, const nb_tensor *x, nb_tensor **out);
+
+/* A resolved quantization: the format's traits, the row geometry and every per-tensor value the
+ * rows need, validated once (shared by quantize, fake quant, calibration and the quantizers). */
+typedef struct nbq_plan {
+    nb_qformat fmt;
+    const nb_qformat_traits *tr;
+    int64_t rows, n;              /* x viewed as [rows, n], n = last dim */
+    nb_qrow_args base;            /* per-tensor args (scale, global_amax, mx_floor, div_dtype) */
+    const float *block_amax;      /* NVFP4 static: [rows, n/16] (borrowed) */
+    float *row_scale;             /* FP8_CHANNEL: [rows] weight scales (owned) */
+    float *row_amax;              /* FP8_CHANNEL: [rows] amax (owned) */
+} nbq_plan;
+
+/* Resolve p against a contiguous, finite x (NULL x: only usable when nothing is "from the data"). */
+nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const nb_qparams *p);
+void nbq_plan_row(const nbq_plan *plan, int64_t row, nb_qrow_args *a);
+void nbq_plan_free(nbq_plan *plan);
+/* The NaN/Inf check with the named message (NB_ERR_NUMERIC). x must be contiguous. */
+nb_status nbq_check_finite(nb_ctx *ctx, const nb_tensor *x, const char *what);
+/* Fake-quantize contiguous x into contiguous out (same shape; out may be x) with a resolved plan. */
+nb_status nbq_fake_plan(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *x, nb_tensor *out);
+/* Fake-quantize x into a float buffer [rows*n] (no dtype rounding; calibration's view). */
+nb_status nbq_fake_plan_f32(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *x, float *out);
+
+#endif
