@@ -220,13 +220,15 @@ static void topk_row(const float *x, int64_t V, int k, float *hv, int32_t *hi) {
     }
 }
 
-/* logsumexp of x[0..V) / T in double */
+/* logsumexp of x[0..V) / T in double (as x · (1/T), like the row kernel) */
 static double lse_row(const float *x, int64_t V, double T) {
+    const double invT = 1.0 / T;
     double m = -INFINITY;
-    for (int64_t v = 0; v < V; v++) { double z = (double)x[v] / T; if (z > m) m = z; }
-    if (m == -INFINITY || !isfinite(m)) return m;
+    for (int64_t v = 0; v < V; v++) if (x[v] > m) m = x[v];
+    m *= invT;
+    if (!isfinite(m)) return m;
     double s = 0.0;
-    for (int64_t v = 0; v < V; v++) s += exp((double)x[v] / T - m);
+    for (int64_t v = 0; v < V; v++) s += exp((double)x[v] * invT - m);
     return m + log(s);
 }
 
@@ -244,7 +246,7 @@ typedef struct job {
     double gl, gk;                /* gradient factors before w_n: lm_coef / D and kd_coef·(T² or 1) / D */
     double *kd_row, *ce_row;      /* [n] outputs */
     int *bad;                     /* [n] 1 = non-finite, 2 = bad top-k index */
-    double *scratch;              /* per slot: 4V + 4(k+1) doubles */
+    double *scratch;              /* per slot: 5V + 3(k+1) doubles */
     int64_t scratch_per_slot;
     int nslots;
     int slot_next;
@@ -268,57 +270,70 @@ static void do_row(job *J, int64_t r, double *scr, float *tkv, int32_t *tki) {
         return;
     }
     const float *srow = (const float *)(J->s.base + r * J->s.row_stride);
-    double *x = scr, *P = scr + V, *gz = scr + 2 * V, *qf = scr + 3 * V;
-    double *blp = scr + 4 * V, *blq = blp + (J->k + 1), *bc = blq + (J->k + 1); /* bucket log p, log q, dL/dlog p */
+    double *x = scr, *P = scr + V, *gz = scr + 2 * V, *qf = scr + 3 * V, *P1 = scr + 4 * V;
+    double *blp = scr + 5 * V, *blq = blp + (J->k + 1), *bc = blq + (J->k + 1); /* bucket log p, log q, dL/dlog p */
+    const double invT = 1.0 / T;   /* exact for powers of two; otherwise within an ulp of x / T */
 
-    for (int64_t v = 0; v < V; v++) x[v] = srow[v];   /* grad may alias the student row */
+    double xmax = -INFINITY;
+    for (int64_t v = 0; v < V; v++) {   /* copied first: grad may alias the student row */
+        x[v] = srow[v];
+        if (x[v] > xmax) xmax = x[v];
+    }
+
+    /* the student at temperature T (max(x·c) = max(x)·c for c > 0: rounding is monotonic) */
+    double lsez = NAN;
+    if (cfg->kd != NB_KD_NONE) {
+        const double mz = xmax * invT;
+        double sz = 0.0;
+        for (int64_t v = 0; v < V; v++) { P[v] = exp(x[v] * invT - mz); sz += P[v]; }
+        lsez = mz + log(sz);
+        for (int64_t v = 0; v < V; v++) P[v] /= sz;
+    }
 
     /* cross-entropy at T = 1 (whenever a label is there: logged even when lm_loss is off) */
     int64_t label = J->have_lab ? vec_get_i64(&J->lab, r) : -1;
     double lse1 = NAN;
-    int want_ce = label >= 0;
-    if (want_ce || (cfg->lm_loss && grow)) {
-        double m = -INFINITY;
-        for (int64_t v = 0; v < V; v++) if (x[v] > m) m = x[v];
-        double s = 0.0;
-        for (int64_t v = 0; v < V; v++) s += exp(x[v] - m);
-        lse1 = m + log(s);
-        if (want_ce) J->ce_row[r] = lse1 - x[label];
+    const int lm_grad = cfg->lm_loss && grow;
+    if (label >= 0 || lm_grad) {
+        if (cfg->kd != NB_KD_NONE && T == 1.0) {
+            lse1 = lsez;
+            P1 = P;
+        } else {
+            double s1 = 0.0;
+            for (int64_t v = 0; v < V; v++) { P1[v] = exp(x[v] - xmax); s1 += P1[v]; }
+            lse1 = xmax + log(s1);
+            if (lm_grad) for (int64_t v = 0; v < V; v++) P1[v] /= s1;
+        }
+        if (label >= 0) J->ce_row[r] = lse1 - x[label];
     }
 
     double kd = 0.0;
     const int K = (int)J->k;
     if (cfg->kd != NB_KD_NONE) {
-        /* student at temperature T */
-        double mz = -INFINITY;
-        for (int64_t v = 0; v < V; v++) { double z = x[v] / T; if (z > mz) mz = z; }
-        double sz = 0.0;
-        for (int64_t v = 0; v < V; v++) { P[v] = exp(x[v] / T - mz); sz += P[v]; }
-        const double lsez = mz + log(sz);
-        for (int64_t v = 0; v < V; v++) P[v] /= sz;
         const int rev = cfg->kd == NB_KD_REVERSE;
 
         if (K == 0) {
             /* full vocabulary: bucket v is token v */
             const float *trow = (const float *)(J->t.base + r * J->t.row_stride);
             double ma = -INFINITY;
-            for (int64_t v = 0; v < V; v++) { double a = (double)trow[v] / T; if (a > ma) ma = a; }
+            for (int64_t v = 0; v < V; v++) if (trow[v] > ma) ma = trow[v];
+            ma *= invT;
             double sa = 0.0;
-            for (int64_t v = 0; v < V; v++) { qf[v] = exp((double)trow[v] / T - ma); sa += qf[v]; }
+            for (int64_t v = 0; v < V; v++) { qf[v] = exp((double)trow[v] * invT - ma); sa += qf[v]; }
             const double lsea = ma + log(sa);
             for (int64_t v = 0; v < V; v++) qf[v] /= sa;
             if (!rev) {
                 double C = 0.0;
                 for (int64_t v = 0; v < V; v++) {
                     double q = qf[v];
-                    if (q > 0.0) kd += q * (((double)trow[v] / T - lsea) - (x[v] / T - lsez));
+                    if (q > 0.0) kd += q * (((double)trow[v] * invT - lsea) - (x[v] * invT - lsez));
                     C -= q;
                 }
                 for (int64_t v = 0; v < V; v++) gz[v] = -qf[v] - P[v] * C;
             } else {
                 for (int64_t v = 0; v < V; v++) {
                     double p = P[v];
-                    gz[v] = p > 0.0 ? (x[v] / T - lsez) - ((double)trow[v] / T - lsea) : 0.0; /* log p - log q */
+                    gz[v] = p > 0.0 ? (x[v] * invT - lsez) - ((double)trow[v] * invT - lsea) : 0.0; /* log p - log q */
                     if (p > 0.0) kd += p * gz[v];
                 }
                 for (int64_t v = 0; v < V; v++) gz[v] = P[v] * (gz[v] - kd);
@@ -345,8 +360,8 @@ static void do_row(job *J, int64_t r, double *scr, float *tkv, int32_t *tki) {
             if (cfg->topk_norm == NB_TOPK_RENORM) {
                 double mp = -INFINITY, mq = -INFINITY;
                 for (int j = 0; j < K; j++) {
-                    blp[j] = x[tidx[j]] / T; if (blp[j] > mp) mp = blp[j];
-                    blq[j] = (double)tvals[j] / T; if (blq[j] > mq) mq = blq[j];
+                    blp[j] = x[tidx[j]] * invT; if (blp[j] > mp) mp = blp[j];
+                    blq[j] = (double)tvals[j] * invT; if (blq[j] > mq) mq = blq[j];
                 }
                 double sp = 0.0, sq = 0.0;
                 for (int j = 0; j < K; j++) { sp += exp(blp[j] - mp); sq += exp(blq[j] - mq); }
@@ -355,8 +370,8 @@ static void do_row(job *J, int64_t r, double *scr, float *tkv, int32_t *tki) {
             } else {
                 double mq = -INFINITY;
                 for (int j = 0; j < K; j++) {
-                    blp[j] = x[tidx[j]] / T - lsez;           /* full-vocab student log-probs */
-                    blq[j] = (double)tvals[j] / T; if (blq[j] > mq) mq = blq[j];
+                    blp[j] = x[tidx[j]] * invT - lsez;        /* full-vocab student log-probs */
+                    blq[j] = (double)tvals[j] * invT; if (blq[j] > mq) mq = blq[j];
                 }
                 if (cfg->topk_norm == NB_TOPK_STUDENT_FULL) {
                     double sq = 0.0;
@@ -428,7 +443,7 @@ static void do_row(job *J, int64_t r, double *scr, float *tkv, int32_t *tki) {
     for (int64_t v = 0; v < V; v++) {
         double g = 0.0;
         if (gk != 0.0) g += gk * gz[v];
-        if (gl != 0.0) g += gl * (exp(x[v] - lse1) - (v == label ? 1.0 : 0.0));
+        if (gl != 0.0) g += gl * (P1[v] - (v == label ? 1.0 : 0.0));
         grow[v] = (float)g;
     }
 }
@@ -510,7 +525,7 @@ nb_status nb_distill_chunk(nb_ctx *ctx, nb_distill_state *st, const nb_distill_b
     int nslots = nb_ctx_threads(ctx);
     if (nslots < 1) nslots = 1;
     J.nslots = nslots;
-    J.scratch_per_slot = 4 * V + 3 * (J.k + 1);
+    J.scratch_per_slot = 5 * V + 3 * (J.k + 1);
     size_t bytes = (size_t)n * (3 * sizeof(double) + sizeof(int)) +
                    (size_t)nslots * (size_t)J.scratch_per_slot * sizeof(double) +
                    (size_t)nslots * (size_t)(J.k + 1) * (sizeof(float) + sizeof(int32_t));
