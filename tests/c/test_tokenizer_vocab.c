@@ -53,7 +53,7 @@ static int run_vectors(nb_ctx *ctx, const nb_tokenizer *tok, const char *name, i
             want[nw++] = (int32_t)strtol(q, &q, 10);
             while (*q == ' ') q++;
         }
-        int eq = nw == t.n && memcmp(want, t.ids, (size_t)nw * sizeof(int32_t)) == 0;
+        int eq = nw == t.n && (nw == 0 || memcmp(want, t.ids, (size_t)nw * sizeof(int32_t)) == 0);
         if (!eq) fprintf(stderr, "%s: ids differ for [%s]\n", name, s);
         equal += eq;
         total++;
