@@ -555,6 +555,19 @@ nb_status tok_finish(nb_tokenizer *t) {
     }
     free(tmp);
 
+    /* can the text be cut before every "▁word"? (see encode_words) */
+    t->meta_words = !t->byte_level && !t->ignore_merges;
+    for (int32_t id = 0; id < t->n_vocab && t->meta_words; id++) {
+        const char *s = ent_text(t, id);
+        uint32_t n = t->ent[id].text_len;
+        for (uint32_t i = 1; i + 3 <= n; i++) {
+            if (memcmp(s + i, "\xe2\x96\x81", 3) == 0 && (i < 3 || memcmp(s + i - 3, "\xe2\x96\x81", 3) != 0)) {
+                t->meta_words = 0;
+                break;
+            }
+        }
+    }
+
     /* special and added tokens, matched in raw text before anything else */
     int32_t n_spec = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
@@ -896,29 +909,10 @@ static int encode_bpe_chars(tok_work *w, const char *s, int64_t n) {
     return 0;
 }
 
-/* Byte-level BPE of one pre-token (GPT-2 family), memoized per call: text repeats its words. */
+/* Byte-level BPE of one pre-token (GPT-2 family). */
 static int encode_bpe_bytes(tok_work *w, const char *s, int64_t n) {
     const nb_tokenizer *t = w->t;
     if (n <= 0) return 0;
-    uint64_t h = 0;
-    int cacheable = n <= 256;
-    if (cacheable) {
-        h = tok_hash(s, (size_t)n);
-        if (w->cache_cap) {
-            size_t i = h & (w->cache_cap - 1);
-            while (w->cache[i].key_off >= 0) {
-                tok_cache_slot *c = &w->cache[i];
-                if (c->hash == h && c->key_len == n && memcmp(w->cache_keys + c->key_off, s, (size_t)n) == 0) {
-                    for (int32_t j = 0; j < c->ids_n; j++)
-                        if (emit(w, w->cache_ids[c->ids_off + j])) return -1;
-                    return 0;
-                }
-                i = (i + 1) & (w->cache_cap - 1);
-            }
-        }
-    }
-    int64_t first = w->out->n;
-    int done = 0;
     if (t->ignore_merges) {
         if (sgrow((void **)&w->tmp, &w->tmp_cap, (size_t)n * 2 + 1, 1)) return oom(w);
         size_t m = 0;
@@ -928,61 +922,96 @@ static int encode_bpe_bytes(tok_work *w, const char *s, int64_t n) {
             if (u[1]) w->tmp[m++] = u[1];
         }
         int32_t id = tok_lookup(t, w->tmp, m);
-        if (id >= 0) {
-            if (emit(w, id)) return -1;
-            done = 1;
-        }
+        if (id >= 0) return emit(w, id);
     }
-    if (!done) {
-        if (syms_reserve(w, (size_t)n)) return -1;
-        for (int32_t i = 0; i < (int32_t)n; i++) {
-            w->s_off[i] = i;
-            w->s_len[i] = 1;
-            w->s_id[i] = t->byte_tok[(uint8_t)s[i]];
-            w->s_prev[i] = i - 1;
-            w->s_next[i] = i + 1;
-        }
-        w->s_next[n - 1] = -1;
-        if (merge_symbols(w, s, (int32_t)n)) return -1;
-        for (int32_t i = 0; i >= 0; i = w->s_next[i]) {
-            int32_t id = w->s_id[i] >= 0 ? w->s_id[i] : t->unk;
-            if (id >= 0 && emit(w, id)) return -1;
-        }
+    if (syms_reserve(w, (size_t)n)) return -1;
+    for (int32_t i = 0; i < (int32_t)n; i++) {
+        w->s_off[i] = i;
+        w->s_len[i] = 1;
+        w->s_id[i] = t->byte_tok[(uint8_t)s[i]];
+        w->s_prev[i] = i - 1;
+        w->s_next[i] = i + 1;
     }
-    if (cacheable) {
-        if ((w->cache_n + 1) * 2 > w->cache_cap) {
-            size_t nc = w->cache_cap ? w->cache_cap * 2 : 1024;
-            tok_cache_slot *nt = malloc(nc * sizeof(tok_cache_slot));
-            if (!nt) return oom(w);
-            for (size_t i = 0; i < nc; i++) nt[i].key_off = -1;
-            for (size_t i = 0; i < w->cache_cap; i++) {
-                if (w->cache[i].key_off < 0) continue;
-                size_t j = w->cache[i].hash & (nc - 1);
-                while (nt[j].key_off >= 0) j = (j + 1) & (nc - 1);
-                nt[j] = w->cache[i];
-            }
-            free(w->cache);
-            w->cache = nt;
-            w->cache_cap = nc;
-        }
-        int32_t cnt = (int32_t)(w->out->n - first);
-        if (sgrow((void **)&w->cache_keys, &w->ck_cap, w->ck_len + (size_t)n, 1)) return oom(w);
-        if (sgrow((void **)&w->cache_ids, &w->ci_cap, w->ci_len + (size_t)cnt, sizeof(int32_t))) return oom(w);
-        size_t i = h & (w->cache_cap - 1);
-        while (w->cache[i].key_off >= 0) i = (i + 1) & (w->cache_cap - 1);
-        tok_cache_slot *c = &w->cache[i];
-        c->hash = h;
-        c->key_off = (int64_t)w->ck_len;
-        c->key_len = (int32_t)n;
-        c->ids_off = (int64_t)w->ci_len;
-        c->ids_n = cnt;
-        memcpy(w->cache_keys + w->ck_len, s, (size_t)n);
-        w->ck_len += (size_t)n;
-        memcpy(w->cache_ids + w->ci_len, w->out->ids + first, (size_t)cnt * sizeof(int32_t));
-        w->ci_len += (size_t)cnt;
-        w->cache_n++;
+    w->s_next[n - 1] = -1;
+    if (merge_symbols(w, s, (int32_t)n)) return -1;
+    for (int32_t i = 0; i >= 0; i = w->s_next[i]) {
+        int32_t id = w->s_id[i] >= 0 ? w->s_id[i] : t->unk;
+        if (id >= 0 && emit(w, id)) return -1;
     }
     return 0;
+}
+
+typedef int (*tok_enc_fn)(tok_work *w, const char *s, int64_t n);
+
+/* Memoize an encoder per call on short pieces: text repeats its words, and a word's ids depend only
+ * on its bytes. */
+static int encode_cached(tok_work *w, const char *s, int64_t n, tok_enc_fn fn) {
+    if (n <= 0) return 0;
+    if (n > 256) return fn(w, s, n);
+    uint64_t h = tok_hash(s, (size_t)n);
+    if (w->cache_cap) {
+        size_t i = h & (w->cache_cap - 1);
+        while (w->cache[i].key_off >= 0) {
+            tok_cache_slot *c = &w->cache[i];
+            if (c->hash == h && c->key_len == n && memcmp(w->cache_keys + c->key_off, s, (size_t)n) == 0) {
+                for (int32_t j = 0; j < c->ids_n; j++)
+                    if (emit(w, w->cache_ids[c->ids_off + j])) return -1;
+                return 0;
+            }
+            i = (i + 1) & (w->cache_cap - 1);
+        }
+    }
+    int64_t first = w->out->n;
+    if (fn(w, s, n)) return -1;
+    if ((w->cache_n + 1) * 2 > w->cache_cap) {
+        size_t nc = w->cache_cap ? w->cache_cap * 2 : 1024;
+        tok_cache_slot *nt = malloc(nc * sizeof(tok_cache_slot));
+        if (!nt) return oom(w);
+        for (size_t i = 0; i < nc; i++) nt[i].key_off = -1;
+        for (size_t i = 0; i < w->cache_cap; i++) {
+            if (w->cache[i].key_off < 0) continue;
+            size_t j = w->cache[i].hash & (nc - 1);
+            while (nt[j].key_off >= 0) j = (j + 1) & (nc - 1);
+            nt[j] = w->cache[i];
+        }
+        free(w->cache);
+        w->cache = nt;
+        w->cache_cap = nc;
+    }
+    int32_t cnt = (int32_t)(w->out->n - first);
+    if (sgrow((void **)&w->cache_keys, &w->ck_cap, w->ck_len + (size_t)n, 1)) return oom(w);
+    if (sgrow((void **)&w->cache_ids, &w->ci_cap, w->ci_len + (size_t)cnt + 1, sizeof(int32_t))) return oom(w);
+    size_t i = h & (w->cache_cap - 1);
+    while (w->cache[i].key_off >= 0) i = (i + 1) & (w->cache_cap - 1);
+    tok_cache_slot *c = &w->cache[i];
+    c->hash = h;
+    c->key_off = (int64_t)w->ck_len;
+    c->key_len = (int32_t)n;
+    c->ids_off = (int64_t)w->ci_len;
+    c->ids_n = cnt;
+    memcpy(w->cache_keys + w->ck_len, s, (size_t)n);
+    w->ck_len += (size_t)n;
+    if (cnt > 0) memcpy(w->cache_ids + w->ci_len, w->out->ids + first, (size_t)cnt * sizeof(int32_t));
+    w->ci_len += (size_t)cnt;
+    w->cache_n++;
+    return 0;
+}
+
+/* SentencePiece-style text: when no token has a ▁ after another character, no merge can cross
+ * the start of a "▁word", so the text splits there into words that tokenize independently (and
+ * repeat, so the cache applies). The result is identical: each word's merges happen in the same
+ * relative order as in one pass over the whole text. */
+static int encode_words(tok_work *w, const char *s, int64_t n, tok_enc_fn fn) {
+    if (!w->t->meta_words) return encode_cached(w, s, n, fn);
+    int64_t start = 0;
+    for (int64_t i = 1; i + 3 <= n; i++) {
+        if (memcmp(s + i, "\xe2\x96\x81", 3) != 0) continue;
+        if (i >= 3 && memcmp(s + i - 3, "\xe2\x96\x81", 3) == 0) continue;
+        if (encode_cached(w, s + start, i - start, fn)) return -1;
+        start = i;
+        i += 2;
+    }
+    return encode_cached(w, s + start, n - start, fn);
 }
 
 /* ---- pre-tokenization ---------------------------------------------------------------------- */
@@ -1124,9 +1153,9 @@ static int encode_normalized(tok_work *w, const char *base, int64_t blen) {
         const char *p = base + w->pa[i].off;
         int64_t pl = w->pa[i].len;
         int r;
-        if (t->algo == TOK_ALGO_SCORES) r = encode_spm_scores(w, p, pl);
-        else if (t->byte_level) r = encode_bpe_bytes(w, p, pl);
-        else r = encode_bpe_chars(w, p, pl);
+        if (t->algo == TOK_ALGO_SCORES) r = encode_words(w, p, pl, encode_spm_scores);
+        else if (t->byte_level) r = encode_cached(w, p, pl, encode_bpe_bytes);
+        else r = encode_words(w, p, pl, encode_bpe_chars);
         if (r) return -1;
     }
     return 0;

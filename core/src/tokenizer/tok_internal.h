@@ -56,6 +56,7 @@ struct nb_tokenizer {
     int byte_level;                  /* GPT-2 bytes_to_unicode input mapping */
     int byte_fallback;               /* unknown characters become <0xXX> tokens */
     int ignore_merges;               /* a whole pre-token that is in the vocabulary is taken as is */
+    int meta_words;                  /* SentencePiece-style text may be cut before each "▁word" */
     /* SentencePiece-style normalization of each text fragment */
     int norm_prefix;                 /* TOK_PREFIX_*: prepend ▁ (or ' ' before escaping) */
     int norm_prefix_if_absent;       /* Metaspace: do not prepend when the text already starts with ▁ */
