@@ -160,6 +160,42 @@ static void test_golden_cases(nb_ctx *ctx) {
     printf("golden: %d cases, worst loss rel error %.3g, worst grad abs error %.3g\n", ncase, worst_loss, worst_grad);
 }
 
+/* Coefficients set by hand after begin (a convex balancer, 0.3·lm + 0.7·kd): the gradient is the same mix of
+ * the CE-only and KD-only golden gradients, which share the labels and weights. */
+static void test_custom_coefs(nb_ctx *ctx) {
+    cJSON *ce = NULL, *kd = NULL, *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(G, "distill_cases")) {
+        if (!strcmp(jstr(c, "name"), "ce_weights")) ce = c;
+        if (!strcmp(jstr(c, "name"), "fwd_T2_t2")) kd = c;
+    }
+    inputs in = inputs_of(ctx, "small");
+    nb_distill_cfg cfg;
+    cfg_of(kd, &cfg);
+    cfg.lm_loss = 1;
+    nb_distill_batch b = {0};
+    b.student = in.s;
+    b.teacher = in.t;
+    b.labels = in.labels;
+    b.weights = in.weights;
+    nb_distill_state st;
+    CHECK_OK(ctx, nb_distill_begin(ctx, &cfg, 12, b.labels, b.weights, &st));
+    st.lm_coef = 0.3;
+    st.kd_coef = 0.7;
+    nb_tensor *g = NULL;
+    CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, in.s->shape, &g));
+    CHECK_OK(ctx, nb_distill_chunk(ctx, &st, &b, g));
+    nb_distill_result r;
+    CHECK_OK(ctx, nb_distill_finish(ctx, &st, &r));
+    double want = 0.3 * jnum(ce, "loss") + 0.7 * jnum(kd, "loss");
+    CHECK_NEAR(r.loss, want, 1e-12 * want);
+    const double *gce = arr(jstr(ce, "grad"), NULL, NULL), *gkd = arr(jstr(kd, "grad"), NULL, NULL);
+    double mix[600];
+    for (int i = 0; i < 600; i++) mix[i] = 0.3 * gce[i] + 0.7 * gkd[i];
+    check_grad("custom coefs", g, mix, 600);
+    nb_tensor_release(g);
+    inputs_free(&in);
+}
+
 /* The same case run whole, in row chunks into slices of one gradient, in place over the student, and with a
  * different thread count, must give the same bits. */
 static void test_chunks_inplace_threads(nb_ctx *ctx) {
@@ -428,6 +464,7 @@ int main(void) {
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(3, &ctx) != NB_OK) return 1;
     test_golden_cases(ctx);
+    test_custom_coefs(ctx);
     test_chunks_inplace_threads(ctx);
     test_topk(ctx);
     test_small_facts(ctx);

@@ -30,6 +30,8 @@
  *   Megatron's balancer also rescales kd to the LM magnitude: loss = lm + kd_loss_scale · kd · sg(lm / kd).
  *   That needs both batch means before any gradient: run the chunks once with grad = NULL, then
  *   nb_distill_rescale_kd(), then run them again with grads.
+ *   Other balancers set the state's lm_coef / kd_coef after nb_distill_begin (with lm_loss = 1), e.g.
+ *   ModelOpt's StaticLossBalancer and Megatron's newer kd_loss_alpha: lm_coef = 1 − α, kd_coef = α.
  * All per-row math is double precision (the logits are read as f32, gradients written as f32); rows are
  * summed in row order, so results do not depend on the thread count or the chunking. Each chunk call uses
  * 5·V + 3·(k+1) doubles of scratch per thread (6 MB at V = 151936) plus 3 doubles per row, no [n, V] copy. */
