@@ -120,8 +120,8 @@ static void check_modelopt_export(nb_ctx *ctx, const char *dir) {
         nb_tensor *w = NULL;
         CHECK_OK(ctx, nb_st_get(ctx, src, n, &w));
         const float *x = nb_tensor_data(w);
-        for (int64_t e = 0; e < nb_tensor_numel(w); e++) {
-            float a = fabsf(x[e]);
+        for (int64_t j = 0; j < nb_tensor_numel(w); j++) {
+            float a = fabsf(x[j]);
             if (k < 3 && a > amax_qkv) amax_qkv = a;
             if (k == 3 && a > amax_o) amax_o = a;
         }
