@@ -14,7 +14,7 @@ typedef struct nb_parambuf nb_parambuf;
 nb_status nb_parambuf_new(nb_ctx *ctx, nb_parambuf **out);
 void nb_parambuf_free(nb_parambuf *pb);
 /* Append a parameter. fmt NB_FMT_NONE stores it as `dtype`; NVFP4 variants store packed E2M1
- * (last dim divisible by 16); MXFP8 and FP8 store E4M3. Names are unique. Not after finalize. */
+ * (an even last dim); MXFP8 and FP8 store E4M3. Names are unique. Not after finalize. */
 nb_status nb_parambuf_add(nb_ctx *ctx, nb_parambuf *pb, const char *name, nb_qformat fmt, nb_dtype dtype, int ndim,
                           const int64_t *shape);
 /* Lay out and allocate the (zeroed) storage. */

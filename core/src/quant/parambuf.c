@@ -52,8 +52,7 @@ nb_status nb_parambuf_add(nb_ctx *ctx, nb_parambuf *pb, const char *name, nb_qfo
     if (!name) return nb_fail(ctx, NB_ERR_INVALID, "param buffer: parameter name is NULL");
     if (pb->buf) return nb_fail(ctx, NB_ERR_INVALID, "param buffer: '%s' added after finalize", name);
     if (nb_parambuf_find(pb, name) >= 0) return nb_fail(ctx, NB_ERR_INVALID, "param buffer: duplicate parameter '%s'", name);
-    const nb_qformat_traits *tr = nb_qformat_info(fmt);
-    if (!tr) return nb_fail(ctx, NB_ERR_INVALID, "param buffer: '%s' has unknown format %d", name, (int)fmt);
+    if (!nb_qformat_info(fmt)) return nb_fail(ctx, NB_ERR_INVALID, "param buffer: '%s' has unknown format %d", name, (int)fmt);
     if (ndim < 1 || ndim > NB_MAX_DIMS) return nb_fail(ctx, NB_ERR_SHAPE, "param buffer: '%s' has ndim %d", name, ndim);
     nb_dtype sd = fmt == NB_FMT_NONE ? dtype : (nbq_is_nvfp4(fmt) ? NB_E2M1 : NB_E4M3);
     if (!nb_dtype_info(sd)) return nb_fail(ctx, NB_ERR_INVALID, "param buffer: '%s' has unknown dtype %d", name, (int)dtype);
@@ -62,11 +61,11 @@ nb_status nb_parambuf_add(nb_ctx *ctx, nb_parambuf *pb, const char *name, nb_qfo
         if (shape[i] < 0) return nb_fail(ctx, NB_ERR_SHAPE, "param buffer: '%s' has a negative dimension", name);
         numel *= shape[i];
     }
-    if (tr->block_size && shape[ndim - 1] % tr->block_size)
-        return nb_fail(ctx, NB_ERR_SHAPE, "param buffer: '%s' last dimension %lld is not divisible by the %s block size %d",
-                       name, (long long)shape[ndim - 1], tr->name, tr->block_size);
-    if (sd == NB_E2M1 && (numel & 1))
-        return nb_fail(ctx, NB_ERR_SHAPE, "param buffer: '%s' needs an even element count for packing", name);
+    /* Only the storage layout matters here (block divisibility is the quantizer's rule): packed
+     * E2M1 rows must not share a byte. */
+    if (sd == NB_E2M1 && (shape[ndim - 1] & 1))
+        return nb_fail(ctx, NB_ERR_SHAPE, "param buffer: '%s' last dimension %lld is odd: packed E2M1 rows need an even one",
+                       name, (long long)shape[ndim - 1]);
     if (pb->n == pb->cap) {
         int cap = pb->cap ? pb->cap * 2 : 8;
         pb_entry *e = realloc(pb->e, (size_t)cap * sizeof *e);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "quant_internal.h"
+#include "fast_internal.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -14,31 +15,20 @@
 
 /* ---- row I/O helpers ------------------------------------------------------------------------ */
 
+/* Row I/O, the absmax pass and the NaN/Inf scan go through the dispatched bulk helpers in
+ * fast_dispatch.c (AVX2/F16C when the CPU has them): exact conversions, so only speed changes. */
 void nbq_load_row(const void *base, nb_dtype dt, int64_t row, int64_t n, float *out) {
-    if (dt == NB_F32) {
-        memcpy(out, (const float *)base + row * n, (size_t)n * sizeof(float));
-    } else if (dt == NB_BF16) {
-        const uint16_t *s = (const uint16_t *)base + row * n;
-        for (int64_t i = 0; i < n; i++) out[i] = nb_bf16_to_f32(s[i]);
-    } else {
-        const uint16_t *s = (const uint16_t *)base + row * n;
-        for (int64_t i = 0; i < n; i++) out[i] = nb_f16_to_f32(s[i]);
-    }
+    nbq_fast_load_f32((const uint8_t *)base + row * n * (dt == NB_F32 ? 4 : 2), dt, n, out);
 }
 
 void nbq_store_row(void *base, nb_dtype dt, int64_t row, int64_t n, const float *in) {
-    if (dt == NB_F32) {
-        memmove((float *)base + row * n, in, (size_t)n * sizeof(float));
-    } else if (dt == NB_BF16) {
-        uint16_t *d = (uint16_t *)base + row * n;
-        for (int64_t i = 0; i < n; i++) d[i] = nb_f32_to_bf16(in[i]);
-    } else {
-        uint16_t *d = (uint16_t *)base + row * n;
-        for (int64_t i = 0; i < n; i++) d[i] = nb_f32_to_f16(in[i]);
-    }
+    nbq_fast_store_f32((uint8_t *)base + row * n * (dt == NB_F32 ? 4 : 2), dt, n, in);
 }
 
 int64_t nbq_find_nonfinite(const void *base, nb_dtype dt, int64_t n) {
+    int nonfinite = 0;
+    nbq_fast_absmax(base, dt, n, &nonfinite);   /* one vectorized pass; the search below runs only on failure */
+    if (!nonfinite) return -1;
     if (dt == NB_F32) {
         const float *p = base;
         for (int64_t i = 0; i < n; i++)
@@ -66,9 +56,11 @@ static void absmax_range(void *arg, int64_t begin, int64_t end) {
     absmax_job *j = arg;
     for (int64_t c = begin; c < end; c++) {
         int64_t lo = c * j->chunk, hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
-        float m = 0.0f;
+        int nonfinite = 0;
+        float m = nbq_fast_absmax((const uint8_t *)j->base + lo * nb_dtype_nbytes(j->dt, 1), j->dt, hi - lo, &nonfinite);
         float buf[256];
-        for (int64_t i = lo; i < hi; i += 256) {
+        if (nonfinite) m = 0.0f;   /* keep this loop's meaning: NaN ignored, Inf is the max */
+        for (int64_t i = lo; nonfinite && i < hi; i += 256) {
             int64_t k = hi - i < 256 ? hi - i : 256;
             nbq_load_row((const uint8_t *)j->base + i * nb_dtype_nbytes(j->dt, 1), j->dt, 0, k, buf);
             for (int64_t t = 0; t < k; t++) {
