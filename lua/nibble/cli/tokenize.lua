@@ -1,0 +1,77 @@
+-- nibble tokenize: encode text with a model's tokenizer and print the ids, the count or the tokens
+-- Usage: nibble tokenize --model PATH [--text T | --file F] [--count] [--tokens] [--no-bos] [--special]
+-- PATH is a tokenizer.json (or its directory), a .gguf or a tokenizer.model. Without --text or --file
+-- the text is read from stdin. Prints the ids on one line; --count prints only their number;
+-- --tokens prints one "id<TAB>spelling" line per token. --no-bos leaves out BOS/EOS (added as the
+-- model's config says otherwise); --special turns text like <|im_end|> into that control token.
+local nibble = require("nibble")
+
+local USAGE = "usage: nibble tokenize --model PATH [--text T | --file F] [--count] [--tokens] [--no-bos] [--special]\n"
+
+local function err(msg)
+  io.stderr:write("nibble tokenize: ", msg, "\n")
+  return 1
+end
+
+-- the library's message names the problem; the Lua position adds nothing for a CLI user
+local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
+
+return function(args)
+  local model, text, file, count, tokens, bos, special
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local function value()
+      i = i + 1
+      if args[i] == nil then return nil end
+      return args[i]
+    end
+    if a == "--model" or a == "-m" then model = value(); if not model then return err("--model needs a PATH") end
+    elseif a == "--text" or a == "-t" then text = value(); if not text then return err("--text needs a value") end
+    elseif a == "--file" or a == "-f" then file = value(); if not file then return err("--file needs a path") end
+    elseif a == "--count" then count = true
+    elseif a == "--tokens" then tokens = true
+    elseif a == "--no-bos" then bos = false
+    elseif a == "--special" then special = true
+    elseif a == "-h" or a == "--help" then io.stdout:write(USAGE); return 0
+    else
+      io.stderr:write("nibble tokenize: unknown argument ", a, "\n", USAGE)
+      return 1
+    end
+    i = i + 1
+  end
+  if not model then
+    io.stderr:write(USAGE)
+    return 1
+  end
+  if text and file then return err("give --text or --file, not both") end
+  if file then
+    local f, e = io.open(file, "rb")
+    if not f then return err("cannot open " .. file .. ": " .. tostring(e)) end
+    text = f:read("*a")
+    f:close()
+  elseif not text then
+    text = io.stdin:read("*a") or ""
+  end
+  local ok, tok = pcall(nibble.tokenizer.load, model)
+  if not ok then return err(clean(tok)) end
+  local opts = { bos = bos ~= false, special = special or false }
+  local ok2, t = pcall(tok.encode_tokens, tok, text, opts)
+  if not ok2 then return err(clean(t)) end
+  local n = tonumber(t.n)
+  if count then
+    io.stdout:write(n, "\n")
+  elseif tokens then
+    local out = {}
+    for k = 0, n - 1 do
+      local id = t.ids[k]
+      out[#out + 1] = ("%d\t%s"):format(id, tok:token(id))
+    end
+    io.stdout:write(table.concat(out, "\n"), n > 0 and "\n" or "")
+  else
+    local out = {}
+    for k = 0, n - 1 do out[k + 1] = tostring(t.ids[k]) end
+    io.stdout:write(table.concat(out, " "), "\n")
+  end
+  return 0
+end
