@@ -10,7 +10,8 @@ Uses Hugging Face `tokenizers` (0.23) as the reference. Writes into tests/golden
     decoder / added-token setup, to exercise the parts of tokenizer.json the real vocabularies in
     ../shared/data do not: ByteLevel add_prefix_space, every Split behavior (+ invert, String
     patterns), Digits, Metaspace (prepend_scheme first / always, split on / off), byte fallback,
-    added tokens with lstrip / rstrip, special vs non-special added tokens, a BOS/EOS template.
+    added tokens with lstrip / rstrip, special vs non-special added tokens, a BOS/EOS template,
+    and Llama-3's pre-tokenizer regex with ignore_merges (plus vocabulary entries no merge makes).
 cases.json  {"cases": [{"tok", "text", "ids", "ids_special", "ids_noparse", "decoded"}]}:
     ids          Tokenizer.encode(text, add_special_tokens=False).ids
     ids_special  the same with add_special_tokens=True (the post_processor template)
@@ -55,7 +56,13 @@ TEXTS = [
     "<tool>call<tool> <tool>x",
     "<|start|>hi<|end|>",
     "spaces    <tool>   after",
+    " tokenization Tokenization tokenizations",
+    "I'M 12345 years, HE'S 1234567\r\n\r\nnew",
 ]
+
+
+LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+             r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def corpus():
@@ -118,6 +125,22 @@ def build():
                                         decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="always"),
                                                            decoders.ByteFallback(), decoders.Fuse()]),
                                         byte_fallback=True)
+    t = train(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), decoders.ByteLevel(), byte_level=True)
+    # Llama-3 style: whole pre-tokens found in the vocabulary skip the merges; give it some that
+    # no merge sequence produces, so ignore_merges changes the result
+    d = json.loads(t.to_str())
+    d["model"]["ignore_merges"] = True
+    v = d["model"]["vocab"]
+    for w in ["\u0120tokenization", "Tokenization", "\u0120years"]:
+        if w not in v:
+            v[w] = max(v.values()) + 1
+    n = max(v.values()) + 1
+    for a in d["added_tokens"]:
+        a["id"] = n
+        n += 1
+    toks["llama3_ignore_merges"] = Tokenizer.from_str(json.dumps(d))
     t = train(None, decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                        decoders.Strip(" ", 1, 0)]),
               normalizer=normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]),

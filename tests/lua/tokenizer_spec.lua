@@ -127,7 +127,7 @@ describe("nibble.tokenizer", function()
         n = n + 1
       end
     end
-    assert.are.equal(21, n)
+    assert.are.equal(23, n)
   end)
 
   it("names what is wrong", function()
