@@ -1226,6 +1226,10 @@ nb_status nb_tokenizer_encode(nb_ctx *ctx, const nb_tokenizer *t, const char *te
                               nb_tokens *out) {
     if (!t || !out || len < 0 || (!text && len > 0))
         return nb_fail(ctx, NB_ERR_INVALID, "nb_tokenizer_encode: bad arguments");
+    /* symbol positions are int32: 2 GiB per call is far beyond any sane chunk of text */
+    if (len > INT32_MAX / 4)
+        return nb_fail(ctx, NB_ERR_INVALID, "nb_tokenizer_encode: %lld bytes in one call (at most %d)", (long long)len,
+                       INT32_MAX / 4);
     tok_work w;
     memset(&w, 0, sizeof(w));
     w.ctx = ctx;

@@ -1,7 +1,11 @@
 /* Loads a Hugging Face tokenizer.json (BPE model) into the tokenizer engine, with BOS/EOS rules from
  * the tokenizer_config.json and config.json beside it. Normalizers, pre-tokenizers, decoders and
  * post-processors are mapped onto the engine's options; anything it cannot reproduce exactly is a
- * named NB_ERR_UNSUPPORTED rather than a silently different tokenization. */
+ * named NB_ERR_UNSUPPORTED rather than a silently different tokenization. Known gaps, accepted
+ * because real tokenizers do not depend on them: an NFC normalizer is not applied (the text is
+ * taken as NFC already), added tokens' single_word is ignored, and BPE fuse_unk is ignored (it
+ * only matters without byte fallback). Decoding gives the exact bytes: transformers'
+ * clean_up_tokenization_spaces is a Python-side edit we do not apply. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
