@@ -1,0 +1,431 @@
+-- nibble.quant: the quantizers (nibble/quant.h, nibble/parambuf.h) from Lua, for scripts and the REPL.
+--   local q = nibble.quant.nvfp4 { name = "q_proj.weight_quantizer" }     -- dynamic NVFP4 (ModelOpt W4A16/W4A4)
+--   q:calibrate(w)                     -- max calibration: amax = max |w|
+--   local qt = q:quantize(w)           -- qt.data (U8 packed), qt.scale (E4M3), qt.scale2 (weight_scale_2)
+--   local y = q:dequantize(qt)         -- == q:fake(w), bit for bit
+--   print(q:report(w))                 -- error per block, worst blocks first
+-- Formats: nvfp4, four_over_six (nvfp4_46), mxfp8, fp8 (per tensor), fp8_channel. Calibration state is a
+-- Lua table {amax =, block_amax =, global_amax =} (numbers for one value, tensors otherwise).
+local ffi = require("ffi")
+local nibble = require("nibble")
+local C, check, fail = nibble.C, nibble.check, nibble.fail
+
+local Q = {}
+
+-- ---- formats --------------------------------------------------------------------------------------
+
+local format_names = {}
+Q.formats = {}
+for f = 1, C.NB_FMT_COUNT - 1 do
+  local tr = C.nb_qformat_info(f)
+  local name = ffi.string(tr.name)
+  format_names[f] = name
+  Q.formats[#Q.formats + 1] = name
+end
+
+local function to_format(x)
+  if type(x) == "number" and format_names[x] then return x end
+  local f = type(x) == "string" and C.nb_qformat_from_name(x) or -1
+  if f <= 0 then
+    fail(("unknown quantization format %s (one of %s, four_over_six)"):format(tostring(x), table.concat(Q.formats, ", ")))
+  end
+  return f
+end
+Q.format = to_format
+
+-- info(fmt): the traits row as a table {name, block_size, elem_dtype, data_dtype, scale_dtype, elem_max, scale_norm, disk}.
+function Q.info(fmt)
+  local tr = C.nb_qformat_info(to_format(fmt))
+  return { name = ffi.string(tr.name), disk = format_names[tonumber(tr.disk_format)], block_size = tonumber(tr.block_size),
+           elem_dtype = nibble.dtype_name(tr.elem_dtype), data_dtype = nibble.dtype_name(tr.data_dtype),
+           scale_dtype = nibble.dtype_name(tr.scale_dtype), elem_max = tonumber(tr.elem_max),
+           scale_norm = tonumber(tr.scale_norm) }
+end
+
+-- ---- quantized tensors ------------------------------------------------------------------------------
+
+local QT = {}
+QT.__index = QT
+
+local function wrap_qtensor(p)
+  local self = setmetatable({ ptr = ffi.gc(p, C.nb_qtensor_release) }, QT)
+  self.format = format_names[tonumber(p.format)]
+  local shape = {}
+  for d = 0, p.ndim - 1 do shape[d + 1] = tonumber(p.shape[d]) end
+  self.shape = setmetatable(shape, nibble.shape_mt)
+  self.data = nibble.wrap(p.data, true)      -- U8 [..., n/2] (NVFP4) or E4M3 [..., n]
+  self.scale = nibble.wrap(p.scale, true)    -- E4M3 / U8 (E8M0) block scales, or F32 weight_scale
+  if p.scale2 ~= nil then self.scale2 = tonumber(ffi.cast("float *", C.nb_tensor_data(p.scale2))[0]) end
+  nibble.note_native()
+  return self
+end
+
+function QT:numel() return tonumber(C.nb_qtensor_numel(self.ptr)) end
+-- dequantize([dtype]): code * block scale * weight_scale_2 in f32, then dtype (f32 by default).
+function QT:dequantize(dt)
+  return nibble.tcall(C.nb_qtensor_dequantize, self.ptr, nibble.dtype(dt or "f32"))
+end
+function QT:__tostring()
+  return ("qtensor<%s>%s%s"):format(self.format, tostring(self.shape),
+    self.scale2 and (" weight_scale_2=%.9g"):format(self.scale2) or "")
+end
+
+-- ---- parameters for the standalone functions ----------------------------------------------------------
+
+local function f32_tensor(v, what)
+  if nibble.is_tensor(v) then return v.dtype == "f32" and v:contiguous() or v:to("f32") end
+  if type(v) == "table" then return nibble.tensor(v, "f32") end
+  fail(("%s must be a tensor or a table of numbers"):format(what))
+end
+
+local function div_dtype(v)
+  if v == nil or v == "auto" then return -1 end
+  return nibble.dtype(v)
+end
+
+-- params(fmt, opts) -> nb_qparams, keep (tensors it points to)
+local function make_params(fmt, opts)
+  opts = opts or {}
+  local p = ffi.new("nb_qparams")
+  C.nb_qparams_init(p, to_format(fmt))
+  local keep = {}
+  if opts.amax then p.amax = opts.amax end
+  if opts.global_amax then p.global_amax = opts.global_amax end
+  if opts.block_amax then keep.b = f32_tensor(opts.block_amax, "block_amax"); p.block_amax = keep.b.ptr end
+  if opts.channel_amax then keep.c = f32_tensor(opts.channel_amax, "channel_amax"); p.channel_amax = keep.c.ptr end
+  p.mx_floor = opts.floor and 1 or 0
+  p.fp8_div_dtype = div_dtype(opts.div)
+  if opts.name then keep.name = ffi.new("char[?]", #opts.name + 1, opts.name); p.name = keep.name end
+  return p, keep
+end
+
+-- quantize(t, fmt [, opts]): one tensor with explicit parameters (no calibration object). opts: amax,
+-- global_amax, block_amax, channel_amax (absent = from the data), floor (MXFP8 OCP rule), div (FP8), name.
+function Q.quantize(t, fmt, opts)
+  local p, keep = make_params(fmt, opts)
+  local out = ffi.new("nb_qtensor *[1]")
+  check(C.nb_quantize(nibble.ctx, t.ptr, p, out))
+  keep = nil
+  return wrap_qtensor(out[0])
+end
+
+-- fake(t, fmt [, opts [, out]]): dequantize(quantize(t)) in t's dtype (or into out).
+function Q.fake(t, fmt, opts, out)
+  local p, keep = make_params(fmt, opts)
+  out = out or nibble.zeros(t.dtype, t.shape)
+  check(C.nb_fake_quant(nibble.ctx, t.ptr, p, out.ptr))
+  keep = nil
+  return out
+end
+
+-- ---- quantizers ------------------------------------------------------------------------------------------
+
+local Quantizer = {}
+Quantizer.__index = function(self, k)
+  local m = Quantizer[k]
+  if m ~= nil then return m end
+  if k == "enabled" then return C.nb_quantizer_enabled(self.ptr) ~= 0 end
+  if k == "group" then
+    local g = C.nb_quantizer_group(self.ptr)
+    return g ~= nil and ffi.string(C.nb_qgroup_name(g)) or nil
+  end
+  return nil
+end
+Quantizer.__tostring = function(self)
+  local miss = C.nb_quantizer_missing(self.ptr)
+  return ("quantizer<%s%s> '%s'%s%s"):format(self.format, self.static and ", static" or "", self.name,
+    self.enabled and "" or " (disabled)", miss ~= nil and (" uncalibrated: " .. ffi.string(miss)) or "")
+end
+
+local state_names = {}
+for i = 0, 8 do
+  local n = C.nb_quantizer_state_name(i)
+  if n == nil then break end
+  state_names[#state_names + 1] = ffi.string(n)
+end
+Q.state_names = state_names   -- {"amax", "block_amax", "global_amax"}
+
+-- new(fmt [, opts]): opts name, static (NVFP4: calibrated per-block amax), floor (MXFP8 OCP rule),
+-- div ("auto" | "f32" | "bf16" | "f16": the dtype FP8's w/s is rounded to, ModelOpt's export quirk),
+-- pass_through_bwd (default true: plain STE; false zeroes gradients where |x| > amax), enabled.
+function Q.new(fmt, opts)
+  opts = opts or {}
+  local f = to_format(fmt)
+  local cfg = ffi.new("nb_quantizer_config")
+  C.nb_quantizer_config_init(cfg, f)
+  if opts.static ~= nil then cfg.is_static = opts.static and 1 or 0 end
+  cfg.mx_floor = opts.floor and 1 or 0
+  cfg.fp8_div_dtype = div_dtype(opts.div)
+  if opts.pass_through_bwd ~= nil then cfg.pass_through_bwd = opts.pass_through_bwd and 1 or 0 end
+  if opts.enabled ~= nil then cfg.enabled = opts.enabled and 1 or 0 end
+  local name = opts.name or (format_names[f] .. "_quantizer")
+  local out = ffi.new("nb_quantizer *[1]")
+  check(C.nb_quantizer_new(nibble.ctx, name, cfg, out))
+  local self = setmetatable({ ptr = ffi.gc(out[0], C.nb_quantizer_release), name = name, format = format_names[f],
+                              static = cfg.is_static ~= 0 }, Quantizer)
+  if opts.state then self:set_state(opts.state) end
+  return self
+end
+
+function Q.nvfp4(opts)
+  opts = opts or {}
+  if opts.four_over_six then return Q.new("nvfp4_46", opts) end
+  return Q.new("nvfp4", opts)
+end
+function Q.four_over_six(opts) return Q.new("nvfp4_46", opts) end
+function Q.mxfp8(opts) return Q.new("mxfp8", opts) end
+function Q.fp8(opts)
+  opts = opts or {}
+  return Q.new(opts.per_channel and "fp8_channel" or "fp8", opts)
+end
+function Q.is_quantizer(x) return getmetatable(x) == Quantizer end
+
+function Quantizer:enable(on)
+  C.nb_quantizer_set_enabled(self.ptr, on == false and 0 or 1)
+  return self
+end
+function Quantizer:disable() return self:enable(false) end
+
+-- missing(): nil when calibrated, else the attribute ("amax", "block_amax", "global_amax").
+function Quantizer:missing()
+  local m = C.nb_quantizer_missing(self.ptr)
+  return m ~= nil and ffi.string(m) or nil
+end
+function Quantizer:check() check(C.nb_quantizer_check(nibble.ctx, self.ptr)); return self end
+function Quantizer:global_amax()
+  local v = ffi.new("float[1]")
+  check(C.nb_quantizer_global_amax(nibble.ctx, self.ptr, v))
+  return tonumber(v[0])
+end
+-- scale(): what export writes per tensor (weight_scale_2 / input_scale / fp8 weight_scale).
+function Quantizer:scale()
+  local v = ffi.new("float[1]")
+  check(C.nb_quantizer_scale(nibble.ctx, self.ptr, v))
+  return tonumber(v[0])
+end
+
+-- state(): {amax =, block_amax =, global_amax =} with one-value attributes as numbers, others as tensors.
+function Quantizer:state()
+  local s = {}
+  for _, name in ipairs(state_names) do
+    if C.nb_quantizer_has_state(self.ptr, name) ~= 0 then
+      local t = nibble.tcall(C.nb_quantizer_get_state, self.ptr, name)
+      s[name] = (t:numel() == 1 and t.ndim == 0) and t:get() or t
+    end
+  end
+  return s
+end
+
+-- set_state(s): restore from state() (numbers, tensors or nested tables); attributes absent from s
+-- are cleared, so a restore is exact.
+function Quantizer:set_state(s)
+  if type(s) ~= "table" then fail("set_state: expected a table like q:state()") end
+  for k in pairs(s) do
+    local known = false
+    for _, n in ipairs(state_names) do known = known or n == k end
+    if not known then fail(("set_state: unknown attribute '%s' (one of %s)"):format(tostring(k), table.concat(state_names, ", "))) end
+  end
+  for _, name in ipairs(state_names) do
+    local v = s[name]
+    if v == nil then
+      check(C.nb_quantizer_clear_state(nibble.ctx, self.ptr, name))
+    else
+      local t = type(v) == "number" and nibble.tensor(v, "f32") or f32_tensor(v, name)
+      check(C.nb_quantizer_set_state(nibble.ctx, self.ptr, name, t.ptr))
+    end
+  end
+  return self
+end
+function Quantizer:reset() check(C.nb_quantizer_clear_state(nibble.ctx, self.ptr, nil)); return self end
+
+local methods = { max = C.NB_CALIB_MAX, mse = C.NB_CALIB_MSE, four_over_six = C.NB_CALIB_FOUR_OVER_SIX }
+
+local Observer = {}
+Observer.__index = Observer
+
+-- observer([method [, opts]]): an accumulating calibrator: ob:collect(t) per batch, ob:finish().
+-- method "max" | "mse" | "four_over_six" (default: four_over_six for nvfp4_46, else max);
+-- opts (mse): start, stop, step (ModelOpt: 0.25, 4.0, 0.1), metric = "modelopt" | "export".
+function Quantizer:observer(method, opts)
+  method = method or (self.format == "nvfp4_46" and "four_over_six" or "max")
+  local m = methods[method]
+  if m == nil then fail(("unknown calibration method %s (max, mse, four_over_six)"):format(tostring(method))) end
+  opts = opts or {}
+  local cfg = ffi.new("nb_calib_config")
+  C.nb_calib_config_init(cfg, m)
+  if opts.start then cfg.start_multiplier = opts.start end
+  if opts.stop then cfg.stop_multiplier = opts.stop end
+  if opts.step then cfg.step_size = opts.step end
+  if opts.metric == "export" then cfg.metric = C.NB_MSE_EXPORT
+  elseif opts.metric ~= nil and opts.metric ~= "modelopt" then fail("metric must be 'modelopt' or 'export'") end
+  local out = ffi.new("nb_calib *[1]")
+  check(C.nb_calib_new(nibble.ctx, self.ptr, cfg, out))
+  return setmetatable({ ptr = ffi.gc(out[0], C.nb_calib_free), quantizer = self, method = method }, Observer)
+end
+
+function Observer:collect(t) check(C.nb_calib_collect(nibble.ctx, self.ptr, t.ptr)); return self end
+function Observer:finish() check(C.nb_calib_finish(nibble.ctx, self.ptr)); return self.quantizer end
+function Observer:batches() return tonumber(C.nb_calib_batches(self.ptr)) end
+-- choice(): MSE / four_over_six: the chosen candidate per amax element (1-based), after finish.
+function Observer:choice()
+  local n = ffi.new("int64_t[1]")
+  local c = C.nb_calib_choice(self.ptr, n)
+  if c == nil then return nil end
+  local r = {}
+  for i = 0, tonumber(n[0]) - 1 do r[i + 1] = c[i] + 1 end
+  return r
+end
+
+-- calibrate(t [, method [, opts]]): one batch, then finish. A list of tensors is several batches.
+function Quantizer:calibrate(t, method, opts)
+  local ob = self:observer(method, opts)
+  if nibble.is_tensor(t) then ob:collect(t)
+  else for _, x in ipairs(t) do ob:collect(x) end end
+  ob:finish()
+  return self, ob
+end
+
+function Quantizer:quantize(t)
+  local out = ffi.new("nb_qtensor *[1]")
+  check(C.nb_quantizer_quantize(nibble.ctx, self.ptr, t.ptr, out))
+  return wrap_qtensor(out[0])
+end
+
+function Quantizer:dequantize(qt, dt) return qt:dequantize(dt) end
+
+-- fake(t [, out]): quantize-dequantize with the export arithmetic, in t's dtype (or into out, t itself allowed).
+function Quantizer:fake(t, out)
+  out = out or nibble.zeros(t.dtype, t.shape)
+  check(C.nb_quantizer_fake(nibble.ctx, self.ptr, t.ptr, out.ptr))
+  return out
+end
+
+-- backward(x, grad_out [, grad_in]): the straight-through gradient.
+function Quantizer:backward(x, g, gi)
+  gi = gi or nibble.zeros(g.dtype, g.shape)
+  check(C.nb_quantizer_backward(nibble.ctx, self.ptr, x.ptr, g.ptr, gi.ptr))
+  return gi
+end
+
+-- block_errors(t): f32 tensor [..., n/block] (per row for FP8) of the summed squared error of fake
+-- quant, plus a summary {sse, mse, max_abs, sqnr_db, worst = {{index, sse}, ...}}.
+function Quantizer:block_errors(t)
+  local x = t:float():contiguous()
+  local y = self:fake(x)
+  local shape = x.shape
+  local n = shape[#shape]
+  local bs = Q.info(self.format).block_size
+  if bs == 0 then bs = n end
+  local rows = x:numel() / n
+  local eshape = {}
+  for i = 1, #shape - 1 do eshape[i] = shape[i] end
+  eshape[#shape] = n / bs
+  local e = nibble.zeros("f32", eshape)
+  local xv, yv, ev = x:data("const float *"), y:data("const float *"), e:data("float *")
+  local sse, sig, maxabs = 0, 0, 0
+  for b = 0, rows * (n / bs) - 1 do
+    local s = 0
+    for i = b * bs, b * bs + bs - 1 do
+      local d = xv[i] - yv[i]
+      s = s + d * d
+      sig = sig + xv[i] * xv[i]
+      if math.abs(d) > maxabs then maxabs = math.abs(d) end
+    end
+    ev[b] = s
+    sse = sse + s
+  end
+  local count = rows * n
+  return e, { sse = sse, mse = sse / count, max_abs = maxabs,
+              sqnr_db = sse > 0 and 10 * math.log10(sig / sse) or math.huge }
+end
+
+-- report(t [, k]): a printable summary with the k worst blocks (1-based row, block).
+function Quantizer:report(t, k)
+  k = k or 5
+  local e, s = self:block_errors(t)
+  local per_row = e.shape[#e.shape]
+  local ev = e:data("const float *")
+  local idx = {}
+  for i = 0, e:numel() - 1 do idx[#idx + 1] = i end
+  table.sort(idx, function(a, b) return ev[a] > ev[b] end)
+  local lines = { ("%s: mse %.4g, max |err| %.4g, SQNR %.2f dB over %d blocks"):format(tostring(self), s.mse, s.max_abs,
+    s.sqnr_db, e:numel()) }
+  for i = 1, math.min(k, #idx) do
+    local b = idx[i]
+    lines[#lines + 1] = ("  row %d block %d: sse %.4g"):format(math.floor(b / per_row) + 1, b % per_row + 1, ev[b])
+  end
+  return table.concat(lines, "\n")
+end
+
+-- ---- shared-state groups ---------------------------------------------------------------------------
+
+local Group = {}
+Group.__index = Group
+
+-- group(name, {q1, q2, ...}): fused siblings sharing one per-tensor amax (weight_scale_2 / input_scale).
+function Q.group(name, members)
+  local out = ffi.new("nb_qgroup *[1]")
+  check(C.nb_qgroup_new(nibble.ctx, name or "group", out))
+  local self = setmetatable({ ptr = ffi.gc(out[0], C.nb_qgroup_release), name = name or "group", members = {} }, Group)
+  for _, q in ipairs(members or {}) do self:add(q) end
+  return self
+end
+function Group:add(q)
+  if not Q.is_quantizer(q) then fail("group:add: expected a quantizer") end
+  check(C.nb_qgroup_add(nibble.ctx, self.ptr, q.ptr))
+  self.members[#self.members + 1] = q
+  return self
+end
+function Group:remove(q)
+  check(C.nb_qgroup_remove(nibble.ctx, self.ptr, q.ptr))
+  for i, m in ipairs(self.members) do if m == q then table.remove(self.members, i) break end end
+  return self
+end
+function Group:size() return C.nb_qgroup_size(self.ptr) end
+
+-- ---- parameter buffers --------------------------------------------------------------------------------
+
+local PB = {}
+PB.__index = PB
+
+-- parambuf(): pb:add(name, fmt_or_nil, dtype, shape), pb:finalize(); maps are 0-based half-open spans.
+function Q.parambuf()
+  local out = ffi.new("nb_parambuf *[1]")
+  check(C.nb_parambuf_new(nibble.ctx, out))
+  return setmetatable({ ptr = ffi.gc(out[0], C.nb_parambuf_free) }, PB)
+end
+function PB:add(name, fmt, dtype, shape)
+  local f = (fmt == nil or fmt == "none" or fmt == false) and C.NB_FMT_NONE or to_format(fmt)
+  local n = #shape
+  local buf = ffi.new("int64_t[?]", math.max(n, 1))
+  for i = 1, n do buf[i - 1] = shape[i] end
+  check(C.nb_parambuf_add(nibble.ctx, self.ptr, name, f, nibble.dtype(dtype or "bf16"), n, buf))
+  return self
+end
+function PB:finalize() check(C.nb_parambuf_finalize(nibble.ctx, self.ptr)); return self end
+local function span(self, fn, name)
+  local a, b = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  check(fn(nibble.ctx, self.ptr, name, a, b))
+  return tonumber(a[0]), tonumber(b[0])
+end
+function PB:index(name) return span(self, C.nb_parambuf_index, name) end
+function PB:packed_index(name) return span(self, C.nb_parambuf_packed_index, name) end
+function PB:byte_range(name) return span(self, C.nb_parambuf_byte_range, name) end
+function PB:view(name) return nibble.tcall(C.nb_parambuf_view, self.ptr, name) end
+function PB:store(name, qt) check(C.nb_parambuf_store(nibble.ctx, self.ptr, name, qt.ptr)); return self end
+function PB:numel() return tonumber(C.nb_parambuf_numel(self.ptr)) end
+function PB:packed_numel() return tonumber(C.nb_parambuf_packed_numel(self.ptr)) end
+function PB:nbytes() return tonumber(C.nb_parambuf_nbytes(self.ptr)) end
+function PB:has_nvfp4() return C.nb_parambuf_has_nvfp4(self.ptr) ~= 0 end
+-- maps(): {param_index_map = {name = {start, end}}, packed_index_map = {...}} (0-based, end exclusive).
+function PB:maps()
+  local u, p = {}, {}
+  for i = 0, C.nb_parambuf_count(self.ptr) - 1 do
+    local name = ffi.string(C.nb_parambuf_name(self.ptr, i))
+    u[name] = { self:index(name) }
+    p[name] = { self:packed_index(name) }
+  end
+  return { param_index_map = u, packed_index_map = p }
+end
+
+return Q
