@@ -19,5 +19,6 @@
 #include "nibble/parambuf.h"
 #include "nibble/distill.h"
 #include "nibble/optim.h"
+#include "nibble/data.h"
 
 #endif
