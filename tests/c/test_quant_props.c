@@ -588,6 +588,21 @@ static void errors(void) {
     nb_tensor *wrong = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, s48, &wrong));
     CHECK_FAIL(ctx, nb_fake_quant(ctx, z, &p, wrong), NB_ERR_SHAPE, "output dim");
+    /* a non-contiguous view quantizes like its contiguous copy */
+    int64_t s64[2] = {64, 64};
+    nb_tensor *sq = randn(NB_BF16, 2, s64, 1.0f, 0), *tr_view = NULL, *tr_copy = NULL;
+    CHECK_OK(ctx, nb_tensor_transpose(ctx, sq, 0, 1, &tr_view));
+    CHECK_OK(ctx, nb_tensor_contiguous(ctx, tr_view, &tr_copy));
+    nb_qtensor *qa = NULL, *qb = NULL;
+    nb_qparams_init(&p, NB_FMT_NVFP4);
+    CHECK_OK(ctx, nb_quantize(ctx, tr_view, &p, &qa));
+    CHECK_OK(ctx, nb_quantize(ctx, tr_copy, &p, &qb));
+    CHECK(qa && qb && same_qtensor(qa, qb));
+    nb_qtensor_release(qa);
+    nb_qtensor_release(qb);
+    nb_tensor_release(sq);
+    nb_tensor_release(tr_view);
+    nb_tensor_release(tr_copy);
     nb_qformat_traits const *tr = nb_qformat_info(NB_FMT_COUNT);
     CHECK(tr == NULL);
     CHECK_EQ_INT(nb_qformat_from_name("four_over_six"), NB_FMT_NVFP4_46);

@@ -28,6 +28,26 @@ ModelOpt paths used (0.47, torch CPU):
 compressed-tensors (0.20) path: preset schemes, calculate_qparams / generate_gparam for the
 scales (what llm-compressor's min-max observers feed it), then the registered compressors'
 compress() for the bytes.
+
+What this data showed (nibble follows ModelOpt everywhere; test_quant_golden.c checks each point):
+  * NVFP4, CT vs ModelOpt: a block whose scale is 0 in fp32 (an all-zero block, or one so small next
+    to the tensor max that amax/(6*s2) underflows) gets 0x20 (CT's eps 0.125) vs ModelOpt's 0x38
+    (1.0); a block scale below 2^-9 gets 0x20 vs ModelOpt's clamp 0x01. Elements: CT divides by
+    (scale / global_scale), ModelOpt by (scale * s2); the fp32 results differ at E2M1 ties (3 of 2048
+    bytes of q_proj). Fed bf16 min/max, CT's global scale is even rounded to bf16 (we pass f32).
+  * MXFP8, CT vs ModelOpt: a block max of exactly 1.75*2^k (448, 56) gets one exponent more in CT;
+    near 3e38 CT's power-of-two rounding overflows and it writes exponent 0 (0x7F), saturating the block.
+  * FP8, CT stores weight_scale in the model dtype (bf16), so its bytes differ where bf16(amax/448)
+    does (adv: 2 of 512, adv_range: 23 of 256, q_proj: none).
+  * ModelOpt FP8 per tensor under torch 2.15: q = e4m3(bf16(f32(w) / s)) with the f32 scale s itself
+    (torch 1.13, as FORMATS §6.4 records, also rounded s to bf16); the e4m3 cast saturates at 448.
+  * ModelOpt's per-channel FP8 weight_scale is exported as [out] (the _amax is [out, 1]).
+  * ModelOpt's mse on FP8 near the bf16 maximum: every finite candidate has an inf f32 loss and the
+    overflowing one a NaN loss, which torch.argmin picks: it exports weight_scale = inf and zeros.
+    nibble skips candidates whose amax overflows and keeps the first of the tied ones.
+  * The MSE / four_over_six choice is made with ModelOpt's fake-quant arithmetic (fp8_eager with
+    torch's reciprocal-multiply for scalar/tensor, block scales that may underflow to 0), and a
+    per-tensor or per-channel amax is stored in the weight's dtype (bf16), as ModelOpt's _amax is.
 """
 import base64
 import copy
