@@ -1,9 +1,11 @@
 /* The fast float32 kernels (nb_op_*) against the float64 scalar references (nb_ref_*), forward
  * and backward, on shapes that cross the kernels' blocking (attention query blocks of 64 rows,
- * grouped-query heads, sliding windows, decoding against a cache) and with 1 and 2 threads. */
+ * grouped-query heads, sliding windows, decoding against a cache), with 1 and 2 threads, and with
+ * both the portable and the AVX2 row kernels (when the CPU has AVX2). */
 #include <stdlib.h>
 
 #include "nbtest.h"
+#include "model/internal.h"
 
 static nb_rng rng;
 static float *frand(int64_t n, double scale) {
@@ -178,6 +180,10 @@ static void test_ce(nb_ctx *ctx, int64_t n, int64_t V) {
 
 int main(void) {
     nb_rng_seed(&rng, 777);
+    const char *paths[2] = {"scalar", "avx2"};
+    for (int p = 0; p < 2; p++) {
+    if (strcmp(nb_simd_force(paths[p]), paths[p]) != 0) { printf("no %s path on this CPU\n", paths[p]); continue; }
+    printf("row kernels: %s\n", paths[p]);
     for (int threads = 1; threads <= 2; threads++) {
         nb_ctx *ctx = NULL;
         if (nb_ctx_new(threads, &ctx)) return 1;
@@ -197,6 +203,7 @@ int main(void) {
         test_ce(ctx, 13, 40);
         test_ce(ctx, 3, 5000);
         nb_ctx_release(ctx);
+    }
     }
     return nbt_done("test_ops_fast");
 }

@@ -13,8 +13,26 @@
 void nb_blas_threads(int n);
 void nb_gemm(nb_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-float nb_fast_expf(float x);
 void nb_bias_add(nb_ctx *ctx, float *y, const float *b, int64_t n, int64_t out);
+
+/* simd.c: row kernels chosen once from the CPU's features (AVX2+FMA or portable C). */
+typedef struct nb_simd_table {
+    const char *name;
+    float (*max)(const float *x, int64_t n);                              /* -inf when n == 0 */
+    float (*exp_sub_sum)(float *x, int64_t n, float sub);                 /* x = exp(x - sub); returns the sum */
+    float (*exp_sum)(const float *x, int64_t n, float sub);               /* sum exp(x - sub) */
+    void (*exp_scale)(const float *x, float *y, int64_t n, float sub, float k);   /* y = k exp(x - sub) */
+    float (*dot)(const float *a, const float *b, int64_t n);
+    float (*dot3)(const float *a, const float *b, const float *c, int64_t n);
+    void (*swiglu)(const float *g, const float *u, float *a, int64_t n);
+    void (*swiglu_bwd)(const float *g, const float *u, const float *da, float *dg, float *du, int64_t n);
+    void (*attn_dsoft)(float *p, float *dp, int64_t n, float lse, float D, float scale);  /* p = exp(p - lse);
+                                                                                            dp = p (dp - D) scale */
+} nb_simd_table;
+extern nb_simd_table nb_simd;
+void nb_simd_ensure(void);
+/* Tests: force "scalar" or "avx2" (when the CPU has it); returns the name now in use. */
+const char *nb_simd_force(const char *name);
 
 enum { NB_LIN_PER_LAYER = 7 };
 
@@ -92,6 +110,7 @@ struct nb_model {
     nb_layer *layers;
     nb_linear lm_head;
     double *inv_freq;           /* head_dim/2 effective inverse frequencies (scaling applied) */
+    double *rope_ff;            /* GGUF rope_freqs.weight factors (NB_ROPE_FREQ_FACTORS), or NULL */
     int32_t recompute;
     /* training state of the last forward(train = 1) */
     int32_t have_train;

@@ -300,7 +300,6 @@ nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int6
             return nb_fail(ctx, NB_ERR_INVALID, "forward: token id %d at index %lld is outside the vocabulary [0, %lld)",
                            (int)tokens[i], (long long)i, (long long)V);
     m->have_train = 0;
-    nb_blas_threads(nb_ctx_threads(ctx));
     nb_status s = run_weight_hooks(ctx, m);
     if (s) return s;
 
@@ -407,7 +406,6 @@ nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *op
     nb_status s = nb_model_alloc_grads(ctx, m);
     if (s) return s;
     m->have_train = 0;   /* the saved activations are consumed (overwritten) below */
-    nb_blas_threads(nb_ctx_threads(ctx));
 
     size_t nD = al16((size_t)(N * D));
     size_t need = 2 * nD                                      /* dx, dhf */

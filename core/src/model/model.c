@@ -245,7 +245,9 @@ void nb_model_compute_inv_freq(nb_model *m) {
     if (!m->inv_freq) return;
     for (int64_t i = 0; i < half; i++) {
         double f = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->head_dim);
-        if (c->rope_kind == NB_ROPE_LINEAR) {
+        if (c->rope_kind == NB_ROPE_FREQ_FACTORS && m->rope_ff) {
+            f /= m->rope_ff[i];
+        } else if (c->rope_kind == NB_ROPE_LINEAR) {
             f /= c->rope_factor;
         } else if (c->rope_kind == NB_ROPE_LLAMA3) {
             double old = (double)c->rope_original_max_position;
@@ -315,6 +317,7 @@ void nb_model_free(nb_model *m) {
     nb_tensor_release(m->gflat_t);
     free(m->layers);
     free(m->inv_freq);
+    free(m->rope_ff);
     free(m->path);
     free(m->ttokens);
     free(m->xs);

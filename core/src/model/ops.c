@@ -11,10 +11,14 @@
 
 /* ---- BLAS plumbing ------------------------------------------------------------------------- */
 
-/* OpenBLAS keeps one process-wide thread count. We set it to the context's count around the big
- * products and to 1 inside our own parallel regions (attention), so the two pools never run at
- * once on the same cores. The cache only avoids redundant calls. */
+/* OpenBLAS keeps one process-wide thread count and its idle workers spin (sched_yield) for a
+ * while after each threaded call. Next to our own pool that oversubscribes the cores: measured on
+ * stories260K, a quarter of the CPU went to that spinning. So by default OpenBLAS runs with one
+ * thread and nb_gemm splits a product into one slice per context thread on our pool (the slices
+ * are big enough that sgemm runs at full speed in each). NIBBLE_GEMM=openblas switches to
+ * OpenBLAS's own threads (set to the context's count) for comparison. */
 static int g_blas_threads = -1;
+static int g_gemm_mode = -1;   /* 0 = our pool, 1 = OpenBLAS threads */
 
 void nb_blas_threads(int n) {
     if (n < 1) n = 1;
@@ -24,11 +28,20 @@ void nb_blas_threads(int n) {
     }
 }
 
-void nb_gemm(nb_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+static int gemm_mode(void) {
+    int m = __atomic_load_n(&g_gemm_mode, __ATOMIC_RELAXED);
+    if (m < 0) {
+        const char *e = getenv("NIBBLE_GEMM");
+        m = e && !strcmp(e, "openblas") ? 1 : 0;
+        __atomic_store_n(&g_gemm_mode, m, __ATOMIC_RELAXED);
+    }
+    return m;
+}
+
+static void sgemm1(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
-    if (ctx) nb_blas_threads(nb_ctx_threads(ctx));
-    if (K <= 0) {   /* OpenBLAS handles K == 0, but be explicit: C = beta*C */
+    if (K <= 0) {   /* C = beta C, spelled out (BLAS leaves K == 0 to the implementation's care) */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
@@ -37,37 +50,60 @@ void nb_gemm(nb_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float
                 (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
 }
 
-/* Single-threaded product for use inside nb_parallel_for bodies (the caller set BLAS to 1 thread). */
+typedef struct {
+    int ta, tb, split_n;
+    int64_t M, N, K, lda, ldb, ldc, step;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+} gemm_job;
+
+static void gemm_range(void *arg, int64_t s0, int64_t s1) {
+    gemm_job *j = arg;
+    for (int64_t sl = s0; sl < s1; sl++) {
+        if (j->split_n) {   /* columns [c0, c1) of C: rows of B^T or columns of B */
+            int64_t c0 = sl * j->step, c1 = c0 + j->step < j->N ? c0 + j->step : j->N;
+            if (c0 >= c1) continue;
+            const float *B = j->tb ? j->B + c0 * j->ldb : j->B + c0;
+            sgemm1(j->ta, j->tb, j->M, c1 - c0, j->K, j->alpha, j->A, j->lda, B, j->ldb, j->beta, j->C + c0, j->ldc);
+        } else {            /* rows [r0, r1) of C: rows of A or columns of A^T */
+            int64_t r0 = sl * j->step, r1 = r0 + j->step < j->M ? r0 + j->step : j->M;
+            if (r0 >= r1) continue;
+            const float *A = j->ta ? j->A + r0 : j->A + r0 * j->lda;
+            sgemm1(j->ta, j->tb, r1 - r0, j->N, j->K, j->alpha, A, j->lda, j->B, j->ldb, j->beta, j->C + r0 * j->ldc,
+                   j->ldc);
+        }
+    }
+}
+
+void nb_gemm(nb_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return;
+    int nt = ctx ? nb_ctx_threads(ctx) : 1;
+    if (ctx && gemm_mode() == 1) {
+        nb_blas_threads(nt);
+        sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    nb_blas_threads(1);
+    double flops = 2.0 * (double)M * (double)N * (double)(K > 0 ? K : 1);
+    if (nt <= 1 || flops < 4e6) {
+        sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    /* split the larger side into nt slices, multiples of 16 (whole SIMD tiles) */
+    gemm_job j = {ta, tb, N >= M, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C};
+    int64_t side = j.split_n ? N : M;
+    j.step = ((side + nt - 1) / nt + 15) & ~(int64_t)15;
+    int64_t slices = (side + j.step - 1) / j.step;
+    nb_parallel_for(ctx, slices, 1, gemm_range, &j);
+}
+
+/* Single-threaded product for use inside nb_parallel_for bodies. */
 static void gemm1(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    nb_gemm(NULL, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
-
-/* ---- a vectorizable expf ------------------------------------------------------------------- */
-
-/* Cephes-style expf: range reduction by n = round(x/ln2) with the 1.5*2^23 trick (no libm call, so
- * the loops that use it vectorize), degree-6 polynomial, scale by 2^n through the exponent bits.
- * Relative error about 2 ulp over the clamped range; inputs are clamped to [-87.3, 88.7]. */
-static inline float fast_expf(float x) {
-    x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
-    float t = x * 1.44269504088896341f + 12582912.0f;
-    float n = t - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &e, sizeof s);
-    return y * s;
-}
-
-float nb_fast_expf(float x) { return fast_expf(x); }
 
 /* ---- embedding ----------------------------------------------------------------------------- */
 
@@ -128,9 +164,7 @@ static void rms_fwd_range(void *arg, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) {
         const float *x = j->x + i * d;
         float *y = j->y + i * d;
-        float ss = 0.0f;
-        for (int64_t c = 0; c < d; c++) ss += x[c] * x[c];
-        float r = 1.0f / sqrtf(ss / (float)d + j->eps);
+        float r = 1.0f / sqrtf(nb_simd.dot(x, x, d) / (float)d + j->eps);
         if (j->rstd) j->rstd[i] = r;
         for (int64_t c = 0; c < d; c++) y[c] = x[c] * r * j->w[c];
     }
@@ -138,6 +172,7 @@ static void rms_fwd_range(void *arg, int64_t b, int64_t e) {
 
 nb_status nb_op_rmsnorm_fwd(nb_ctx *ctx, const float *x, const float *w, float *y, float *rstd, int64_t n,
                             int64_t d, float eps) {
+    nb_simd_ensure();
     rms_job j = {x, w, NULL, NULL, y, rstd, NULL, NULL, n, d, eps};
     nb_parallel_for(ctx, n, 1 + 8192 / (d + 1), rms_fwd_range, &j);
     return NB_OK;
@@ -151,9 +186,7 @@ static void rms_bwd_rows(void *arg, int64_t b, int64_t e) {
         const float *x = j->x + i * d, *dy = j->dy + i * d;
         float *dx = j->dx + i * d;
         float r = j->rstd_in[i];
-        float dot = 0.0f;
-        for (int64_t c = 0; c < d; c++) dot += dy[c] * j->w[c] * x[c];
-        float k = r * r * r * dot / (float)d;
+        float k = r * r * r * nb_simd.dot3(dy, j->w, x, d) / (float)d;
         for (int64_t c = 0; c < d; c++) dx[c] += r * dy[c] * j->w[c] - k * x[c];
     }
 }
@@ -170,6 +203,7 @@ static void rms_bwd_cols(void *arg, int64_t c0, int64_t c1) {
 
 nb_status nb_op_rmsnorm_bwd(nb_ctx *ctx, const float *x, const float *w, const float *rstd, const float *dy,
                             float *dx, float *dw, int64_t n, int64_t d) {
+    nb_simd_ensure();
     rms_job j = {x, w, rstd, dy, NULL, NULL, dx, dw, n, d, 0.0f};
     if (dx) nb_parallel_for(ctx, n, 1 + 8192 / (d + 1), rms_bwd_rows, &j);
     if (dw) nb_parallel_for(ctx, d, n * d > 65536 ? 16 : d, rms_bwd_cols, &j);
@@ -221,12 +255,16 @@ nb_status nb_op_rope_bwd(nb_ctx *ctx, float *dx, int64_t n, int64_t T, int64_t n
 
 enum { ATT_BQ = 64 };   /* query rows per block: bounds the score scratch to ATT_BQ x Tk */
 
+/* Work is split into `nt` static slices with an interleaved schedule (slice t takes units t, t+nt,
+ * ...), so each thread gets a fair share of the causal triangle and owns one scratch area that is
+ * allocated once per call. */
 typedef struct {
     const nb_attn_dims *a;
     const float *q, *k, *v, *o, *lse_in, *dout;
     float *out, *lse, *dq, *dkh, *dvh;
-    int64_t nqb;
-    int failed;
+    int64_t nqb, nunits, nt;
+    float *scratch;
+    size_t scratch_per;
 } att_job;
 
 /* Key range [jlo, jhi) that any query of rows [i0, i1) may see. */
@@ -247,49 +285,46 @@ static inline void att_row_range(const nb_attn_dims *a, int64_t p, int64_t *lo, 
     *hi = h;
 }
 
-static void att_fwd_range(void *arg, int64_t u0, int64_t u1) {
-    att_job *j = arg;
+static void att_fwd_unit(att_job *j, int64_t u, float *S) {
     const nb_attn_dims *a = j->a;
     int64_t hd = a->hd, qs = a->H * hd, ks = a->KVH * hd, grp = a->H / a->KVH;
-    float *S = malloc(sizeof(float) * ATT_BQ * (size_t)(a->Tk > 0 ? a->Tk : 1));
-    if (!S) { j->failed = 1; return; }
-    for (int64_t u = u0; u < u1; u++) {
-        int64_t qb = u % j->nqb, bh = u / j->nqb, h = bh % a->H, b = bh / a->H;
-        int64_t i0 = qb * ATT_BQ, i1 = i0 + ATT_BQ < a->Tq ? i0 + ATT_BQ : a->Tq, m = i1 - i0;
-        int64_t jlo, jhi;
-        att_key_range(a, i0, i1, &jlo, &jhi);
-        int64_t nk = jhi - jlo;
-        const float *Q = j->q + (b * a->Tq + i0) * qs + h * hd;
-        const float *K = j->k + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
-        const float *V = j->v + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
-        float *O = j->out + (b * a->Tq + i0) * qs + h * hd;
-        if (nk <= 0) {   /* no visible key (only possible with an empty cache): zeros */
-            for (int64_t r = 0; r < m; r++) memset(O + r * qs, 0, sizeof(float) * (size_t)hd);
-            if (j->lse)
-                for (int64_t r = 0; r < m; r++) j->lse[(b * a->H + h) * a->Tq + i0 + r] = -INFINITY;
-            continue;
-        }
-        gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, S, nk);
-        for (int64_t r = 0; r < m; r++) {
-            float *s = S + r * nk;
-            int64_t lo, hi;
-            att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
-            lo -= jlo;
-            hi -= jlo;
-            float mx = -INFINITY;
-            for (int64_t c = lo; c < hi; c++) mx = s[c] > mx ? s[c] : mx;
-            for (int64_t c = lo; c < hi; c++) s[c] = fast_expf(s[c] - mx);   /* vectorizes */
-            float sum = 0.0f;
-            for (int64_t c = lo; c < hi; c++) sum += s[c];
-            float inv = 1.0f / sum;
-            for (int64_t c = 0; c < lo; c++) s[c] = 0.0f;
-            for (int64_t c = lo; c < hi; c++) s[c] *= inv;
-            for (int64_t c = hi; c < nk; c++) s[c] = 0.0f;
-            if (j->lse) j->lse[(b * a->H + h) * a->Tq + i0 + r] = mx + logf(sum);
-        }
-        gemm1(0, 0, m, hd, nk, 1.0f, S, nk, V, ks, 0.0f, O, qs);
+    int64_t qb = u % j->nqb, bh = u / j->nqb, h = bh % a->H, b = bh / a->H;
+    int64_t i0 = qb * ATT_BQ, i1 = i0 + ATT_BQ < a->Tq ? i0 + ATT_BQ : a->Tq, m = i1 - i0;
+    int64_t jlo, jhi;
+    att_key_range(a, i0, i1, &jlo, &jhi);
+    int64_t nk = jhi - jlo;
+    const float *Q = j->q + (b * a->Tq + i0) * qs + h * hd;
+    const float *K = j->k + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
+    const float *V = j->v + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
+    float *O = j->out + (b * a->Tq + i0) * qs + h * hd;
+    if (nk <= 0) {   /* no visible key (only possible with an empty cache): zeros */
+        for (int64_t r = 0; r < m; r++) memset(O + r * qs, 0, sizeof(float) * (size_t)hd);
+        if (j->lse)
+            for (int64_t r = 0; r < m; r++) j->lse[(b * a->H + h) * a->Tq + i0 + r] = -INFINITY;
+        return;
     }
-    free(S);
+    gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, S, nk);
+    for (int64_t r = 0; r < m; r++) {
+        float *s = S + r * nk;
+        int64_t lo, hi;
+        att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
+        lo -= jlo;
+        hi -= jlo;
+        float mx = nb_simd.max(s + lo, hi - lo);
+        float sum = nb_simd.exp_sub_sum(s + lo, hi - lo, mx);
+        float inv = 1.0f / sum;
+        for (int64_t c = 0; c < lo; c++) s[c] = 0.0f;
+        for (int64_t c = lo; c < hi; c++) s[c] *= inv;
+        for (int64_t c = hi; c < nk; c++) s[c] = 0.0f;
+        if (j->lse) j->lse[(b * a->H + h) * a->Tq + i0 + r] = mx + logf(sum);
+    }
+    gemm1(0, 0, m, hd, nk, 1.0f, S, nk, V, ks, 0.0f, O, qs);
+}
+
+static void att_fwd_range(void *arg, int64_t t0, int64_t t1) {
+    att_job *j = arg;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t u = t; u < j->nunits; u += j->nt) att_fwd_unit(j, u, j->scratch + (size_t)t * j->scratch_per);
 }
 
 static nb_status att_check(nb_ctx *ctx, const nb_attn_dims *a) {
@@ -302,11 +337,15 @@ static nb_status att_check(nb_ctx *ctx, const nb_attn_dims *a) {
     return NB_OK;
 }
 
+static size_t al16z(size_t n) { return (n + 15) & ~(size_t)15; }
+
 nb_status nb_op_attention_fwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q, const float *k, const float *v,
                               float *out, float *lse) {
     nb_status s = att_check(ctx, a);
     if (s) return s;
-    att_job j = {0};
+    nb_simd_ensure();
+    att_job j;
+    memset(&j, 0, sizeof j);
     j.a = a;
     j.q = q;
     j.k = k;
@@ -314,75 +353,69 @@ nb_status nb_op_attention_fwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
     j.out = out;
     j.lse = lse;
     j.nqb = (a->Tq + ATT_BQ - 1) / ATT_BQ;
+    j.nunits = a->B * a->H * j.nqb;
+    j.nt = nb_ctx_threads(ctx) < j.nunits ? nb_ctx_threads(ctx) : j.nunits;
+    if (j.nt < 1) return NB_OK;
+    j.scratch_per = al16z((size_t)ATT_BQ * (size_t)(a->Tk > 0 ? a->Tk : 1));
+    j.scratch = malloc(sizeof(float) * j.scratch_per * (size_t)j.nt);
+    if (!j.scratch) return nb_fail(ctx, NB_ERR_NOMEM, "attention: out of memory for the score scratch");
     nb_blas_threads(1);
-    nb_parallel_for(ctx, a->B * a->H * j.nqb, 1, att_fwd_range, &j);
-    nb_blas_threads(nb_ctx_threads(ctx));
-    if (j.failed) return nb_fail(ctx, NB_ERR_NOMEM, "attention: out of memory for the score scratch");
+    nb_parallel_for(ctx, j.nt, 1, att_fwd_range, &j);
+    free(j.scratch);
     return NB_OK;
 }
 
 /* One unit is one (batch, query head): it writes dq of that head and accumulates the head's own
  * dk/dv copies (dkh/dvh, [B, H, Tk, hd]) that are summed over each GQA group afterwards, so no two
  * threads ever add into the same memory. */
-static void att_bwd_range(void *arg, int64_t u0, int64_t u1) {
-    att_job *j = arg;
+static void att_bwd_unit(att_job *j, int64_t u, float *P) {
     const nb_attn_dims *a = j->a;
     int64_t hd = a->hd, qs = a->H * hd, ks = a->KVH * hd, grp = a->H / a->KVH;
-    size_t sz = (size_t)ATT_BQ * (size_t)(a->Tk > 0 ? a->Tk : 1);
-    float *P = malloc(sizeof(float) * sz), *dP = malloc(sizeof(float) * sz);
-    float *Dr = malloc(sizeof(float) * ATT_BQ);
-    if (!P || !dP || !Dr) { j->failed = 1; free(P); free(dP); free(Dr); return; }
-    for (int64_t u = u0; u < u1; u++) {
-        int64_t h = u % a->H, b = u / a->H;
-        float *dKh = j->dkh + (b * a->H + h) * a->Tk * hd, *dVh = j->dvh + (b * a->H + h) * a->Tk * hd;
-        memset(dKh, 0, sizeof(float) * (size_t)(a->Tk * hd));
-        memset(dVh, 0, sizeof(float) * (size_t)(a->Tk * hd));
-        for (int64_t qb = 0; qb < j->nqb; qb++) {
-            int64_t i0 = qb * ATT_BQ, i1 = i0 + ATT_BQ < a->Tq ? i0 + ATT_BQ : a->Tq, m = i1 - i0;
-            int64_t jlo, jhi;
-            att_key_range(a, i0, i1, &jlo, &jhi);
-            int64_t nk = jhi - jlo;
-            const float *Q = j->q + (b * a->Tq + i0) * qs + h * hd;
-            const float *O = j->o + (b * a->Tq + i0) * qs + h * hd;
-            const float *dO = j->dout + (b * a->Tq + i0) * qs + h * hd;
-            float *dQ = j->dq + (b * a->Tq + i0) * qs + h * hd;
-            if (nk <= 0) {
-                for (int64_t r = 0; r < m; r++) memset(dQ + r * qs, 0, sizeof(float) * (size_t)hd);
-                continue;
-            }
-            const float *K = j->k + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
-            const float *V = j->v + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
-            const float *lse = j->lse_in + (b * a->H + h) * a->Tq + i0;
-            gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, P, nk);
-            gemm1(0, 1, m, nk, hd, 1.0f, dO, qs, V, ks, 0.0f, dP, nk);
-            for (int64_t r = 0; r < m; r++) {
-                float d = 0.0f;
-                for (int64_t c = 0; c < hd; c++) d += dO[r * qs + c] * O[r * qs + c];
-                Dr[r] = d;
-            }
-            for (int64_t r = 0; r < m; r++) {
-                float *p = P + r * nk, *dp = dP + r * nk;
-                int64_t lo, hi;
-                att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
-                lo -= jlo;
-                hi -= jlo;
-                float l = lse[r];
-                for (int64_t c = 0; c < lo; c++) { p[c] = 0.0f; dp[c] = 0.0f; }
-                for (int64_t c = lo; c < hi; c++) {
-                    float pv = fast_expf(p[c] - l);
-                    p[c] = pv;
-                    dp[c] = pv * (dp[c] - Dr[r]) * a->scale;   /* dS, with the scale of S folded in */
-                }
-                for (int64_t c = hi; c < nk; c++) { p[c] = 0.0f; dp[c] = 0.0f; }
-            }
-            gemm1(0, 0, m, hd, nk, 1.0f, dP, nk, K, ks, 0.0f, dQ, qs);
-            gemm1(1, 0, nk, hd, m, 1.0f, dP, nk, Q, qs, 1.0f, dKh + jlo * hd, hd);
-            gemm1(1, 0, nk, hd, m, 1.0f, P, nk, dO, qs, 1.0f, dVh + jlo * hd, hd);
+    size_t sz = al16z((size_t)ATT_BQ * (size_t)(a->Tk > 0 ? a->Tk : 1));
+    float *dP = P + sz, *Dr = dP + sz;
+    int64_t h = u % a->H, b = u / a->H;
+    float *dKh = j->dkh + (b * a->H + h) * a->Tk * hd, *dVh = j->dvh + (b * a->H + h) * a->Tk * hd;
+    memset(dKh, 0, sizeof(float) * (size_t)(a->Tk * hd));
+    memset(dVh, 0, sizeof(float) * (size_t)(a->Tk * hd));
+    for (int64_t qb = 0; qb < j->nqb; qb++) {
+        int64_t i0 = qb * ATT_BQ, i1 = i0 + ATT_BQ < a->Tq ? i0 + ATT_BQ : a->Tq, m = i1 - i0;
+        int64_t jlo, jhi;
+        att_key_range(a, i0, i1, &jlo, &jhi);
+        int64_t nk = jhi - jlo;
+        const float *Q = j->q + (b * a->Tq + i0) * qs + h * hd;
+        const float *O = j->o + (b * a->Tq + i0) * qs + h * hd;
+        const float *dO = j->dout + (b * a->Tq + i0) * qs + h * hd;
+        float *dQ = j->dq + (b * a->Tq + i0) * qs + h * hd;
+        if (nk <= 0) {
+            for (int64_t r = 0; r < m; r++) memset(dQ + r * qs, 0, sizeof(float) * (size_t)hd);
+            continue;
         }
+        const float *K = j->k + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
+        const float *V = j->v + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
+        const float *lse = j->lse_in + (b * a->H + h) * a->Tq + i0;
+        gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, P, nk);
+        gemm1(0, 1, m, nk, hd, 1.0f, dO, qs, V, ks, 0.0f, dP, nk);
+        for (int64_t r = 0; r < m; r++) Dr[r] = nb_simd.dot(dO + r * qs, O + r * qs, hd);
+        for (int64_t r = 0; r < m; r++) {
+            float *p = P + r * nk, *dp = dP + r * nk;
+            int64_t lo, hi;
+            att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
+            lo -= jlo;
+            hi -= jlo;
+            for (int64_t c = 0; c < lo; c++) { p[c] = 0.0f; dp[c] = 0.0f; }
+            nb_simd.attn_dsoft(p + lo, dp + lo, hi - lo, lse[r], Dr[r], a->scale);   /* P and dS */
+            for (int64_t c = hi; c < nk; c++) { p[c] = 0.0f; dp[c] = 0.0f; }
+        }
+        gemm1(0, 0, m, hd, nk, 1.0f, dP, nk, K, ks, 0.0f, dQ, qs);
+        gemm1(1, 0, nk, hd, m, 1.0f, dP, nk, Q, qs, 1.0f, dKh + jlo * hd, hd);
+        gemm1(1, 0, nk, hd, m, 1.0f, P, nk, dO, qs, 1.0f, dVh + jlo * hd, hd);
     }
-    free(P);
-    free(dP);
-    free(Dr);
+}
+
+static void att_bwd_range(void *arg, int64_t t0, int64_t t1) {
+    att_job *j = arg;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t u = t; u < j->nunits; u += j->nt) att_bwd_unit(j, u, j->scratch + (size_t)t * j->scratch_per);
 }
 
 typedef struct {
@@ -415,14 +448,9 @@ nb_status nb_op_attention_bwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
                               const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv) {
     nb_status s = att_check(ctx, a);
     if (s) return s;
-    size_t n = (size_t)(a->B * a->H * a->Tk * a->hd);
-    float *dkh = malloc(sizeof(float) * (n ? n : 1)), *dvh = malloc(sizeof(float) * (n ? n : 1));
-    if (!dkh || !dvh) {
-        free(dkh);
-        free(dvh);
-        return nb_fail(ctx, NB_ERR_NOMEM, "attention backward: out of memory (%zu floats)", 2 * n);
-    }
-    att_job j = {0};
+    nb_simd_ensure();
+    att_job j;
+    memset(&j, 0, sizeof j);
     j.a = a;
     j.q = q;
     j.k = k;
@@ -431,19 +459,29 @@ nb_status nb_op_attention_bwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
     j.lse_in = lse;
     j.dout = dout;
     j.dq = dq;
-    j.dkh = dkh;
-    j.dvh = dvh;
     j.nqb = (a->Tq + ATT_BQ - 1) / ATT_BQ;
-    nb_blas_threads(1);
-    nb_parallel_for(ctx, a->B * a->H, 1, att_bwd_range, &j);
-    nb_blas_threads(nb_ctx_threads(ctx));
-    if (!j.failed) {
-        att_red_job r = {a, dkh, dvh, dk, dv};
-        nb_parallel_for(ctx, a->B * a->Tk, 16, att_reduce_range, &r);
+    j.nunits = a->B * a->H;
+    j.nt = nb_ctx_threads(ctx) < j.nunits ? nb_ctx_threads(ctx) : j.nunits;
+    if (j.nt < 1) return NB_OK;
+    size_t sz = al16z((size_t)ATT_BQ * (size_t)(a->Tk > 0 ? a->Tk : 1));
+    j.scratch_per = 2 * sz + ATT_BQ;
+    size_t n = (size_t)(a->B * a->H * a->Tk * a->hd);
+    j.scratch = malloc(sizeof(float) * j.scratch_per * (size_t)j.nt);
+    j.dkh = malloc(sizeof(float) * (n ? n : 1));
+    j.dvh = malloc(sizeof(float) * (n ? n : 1));
+    if (!j.scratch || !j.dkh || !j.dvh) {
+        free(j.scratch);
+        free(j.dkh);
+        free(j.dvh);
+        return nb_fail(ctx, NB_ERR_NOMEM, "attention backward: out of memory");
     }
-    free(dkh);
-    free(dvh);
-    if (j.failed) return nb_fail(ctx, NB_ERR_NOMEM, "attention backward: out of memory for the score scratch");
+    nb_blas_threads(1);
+    nb_parallel_for(ctx, j.nt, 1, att_bwd_range, &j);
+    att_red_job r = {a, j.dkh, j.dvh, dk, dv};
+    nb_parallel_for(ctx, a->B * a->Tk, 16, att_reduce_range, &r);
+    free(j.scratch);
+    free(j.dkh);
+    free(j.dvh);
     return NB_OK;
 }
 
@@ -456,24 +494,16 @@ typedef struct {
 
 static void swi_fwd_range(void *arg, int64_t b, int64_t e) {
     swi_job *j = arg;
-    for (int64_t i = b; i < e; i++) {
-        float g = j->g[i];
-        j->a[i] = g / (1.0f + fast_expf(-g)) * j->u[i];
-    }
+    nb_simd.swiglu(j->g + b, j->u + b, j->a + b, e - b);
 }
 
 static void swi_bwd_range(void *arg, int64_t b, int64_t e) {
     swi_job *j = arg;
-    for (int64_t i = b; i < e; i++) {
-        float g = j->g[i], u = j->u[i], da = j->da[i];
-        float sg = 1.0f / (1.0f + fast_expf(-g));
-        float silu = g * sg;
-        j->du[i] = da * silu;
-        j->dg[i] = da * u * sg * (1.0f + g * (1.0f - sg));
-    }
+    nb_simd.swiglu_bwd(j->g + b, j->u + b, j->da + b, j->dg + b, j->du + b, e - b);
 }
 
 nb_status nb_op_swiglu_fwd(nb_ctx *ctx, const float *g, const float *u, float *a, int64_t n) {
+    nb_simd_ensure();
     swi_job j = {g, u, NULL, a, NULL, NULL};
     nb_parallel_for(ctx, n, 16384, swi_fwd_range, &j);
     return NB_OK;
@@ -481,6 +511,7 @@ nb_status nb_op_swiglu_fwd(nb_ctx *ctx, const float *g, const float *u, float *a
 
 nb_status nb_op_swiglu_bwd(nb_ctx *ctx, const float *g, const float *u, const float *da, float *dg, float *du,
                            int64_t n) {
+    nb_simd_ensure();
     swi_job j = {g, u, da, NULL, dg, du};
     nb_parallel_for(ctx, n, 16384, swi_bwd_range, &j);
     return NB_OK;
@@ -552,16 +583,13 @@ static void ce_range(void *arg, int64_t b, int64_t e) {
             if (j->dlogits) memset(j->dlogits + i * V, 0, sizeof(float) * (size_t)V);
             continue;
         }
-        float mx = -INFINITY;
-        for (int64_t c = 0; c < V; c++) mx = l[c] > mx ? l[c] : mx;
-        float fs = 0.0f;
-        for (int64_t c = 0; c < V; c++) fs += fast_expf(l[c] - mx);
+        float mx = nb_simd.max(l, V);
+        float fs = nb_simd.exp_sum(l, V, mx);
         double lse = (double)mx + log((double)fs);
         j->row_loss[i] = lse - (double)l[t];
         if (j->dlogits) {
             float *d = j->dlogits + i * V;
-            float k = j->scale / fs;
-            for (int64_t c = 0; c < V; c++) d[c] = k * fast_expf(l[c] - mx);
+            nb_simd.exp_scale(l, d, V, mx, j->scale / fs);
             d[t] -= j->scale;
         }
     }
@@ -574,6 +602,7 @@ nb_status nb_op_cross_entropy(nb_ctx *ctx, const float *logits, const int32_t *t
         if (targets[i] != ignore_index && (targets[i] < 0 || targets[i] >= V))
             return nb_fail(ctx, NB_ERR_INVALID, "cross_entropy: target %d of row %lld is outside [0, %lld)",
                            (int)targets[i], (long long)i, (long long)V);
+    nb_simd_ensure();
     double *rl = malloc(sizeof(double) * (size_t)(n ? n : 1));
     if (!rl) return nb_fail(ctx, NB_ERR_NOMEM, "cross_entropy: out of memory");
     ce_job j = {logits, targets, dlogits, rl, V, ignore_index, grad_scale};

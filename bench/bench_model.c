@@ -1,0 +1,78 @@
+/* Model runtime throughput: forward (all logits) and train step (forward + next-token cross-entropy
+ * + backward into every parameter's gradient) in tokens/s, on a model loaded from PATH.
+ * bench/bench_model.sh runs this and the same model in PyTorch (bench_model.py) and prints ratios.
+ * Usage: bench_model --model PATH [--batch 4] [--seq 256] [--threads 2] [--iters 5] [--no-recompute] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nibble/nibble.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int die(nb_ctx *ctx, const char *what) {
+    fprintf(stderr, "bench_model: %s: %s\n", what, ctx ? nb_ctx_last_error(ctx) : "");
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *path = NULL;
+    int64_t B = 4, T = 256;
+    int threads = 2, iters = 5, recompute = 1, fwd = 1, train = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--seq") && i + 1 < argc) T = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-recompute")) recompute = 0;
+        else if (!strcmp(argv[i], "--forward-only")) train = 0;
+        else if (!strcmp(argv[i], "--train-only")) fwd = 0;
+        else { fprintf(stderr, "bench_model: unknown argument %s\n", argv[i]); return 2; }
+    }
+    if (!path) { fprintf(stderr, "usage: bench_model --model PATH [--batch B] [--seq T] [--threads N] [--iters K]\n"); return 2; }
+    nb_ctx *ctx = NULL;
+    if (nb_ctx_new(threads, &ctx)) return die(NULL, "context");
+    nb_model *m = NULL;
+    if (nb_model_load(ctx, path, &m)) return die(ctx, "load");
+    nb_model_set_recompute(m, recompute);
+    const nb_model_config *c = nb_model_get_config(m);
+    int64_t N = B * T, V = c->vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)N);
+    nb_rng rng;
+    nb_rng_seed(&rng, 1);
+    for (int64_t i = 0; i < N; i++) tok[i] = (int32_t)(nb_rng_next(&rng) % (uint64_t)V);
+    float *logits = malloc(sizeof(float) * (size_t)(N * V));
+    if (!logits) return die(NULL, "out of memory");
+    double fwd_s = 0, train_s = 0, loss = 0;
+    if (fwd) {
+        if (nb_model_logits(ctx, m, tok, B, T, logits)) return die(ctx, "forward");   /* warm-up */
+        double t0 = now();
+        for (int it = 0; it < iters; it++)
+            if (nb_model_logits(ctx, m, tok, B, T, logits)) return die(ctx, "forward");
+        fwd_s = (now() - t0) / iters;
+    }
+    if (train) {
+        if (nb_model_lm_step(ctx, m, tok, B, T, NULL, &loss)) return die(ctx, "train step");
+        double t0 = now();
+        for (int it = 0; it < iters; it++)
+            if (nb_model_lm_step(ctx, m, tok, B, T, NULL, &loss)) return die(ctx, "train step");
+        train_s = (now() - t0) / iters;
+    }
+    nb_mem_stats ms;
+    nb_ctx_mem(ctx, &ms);
+    printf("{\"impl\": \"nibble\", \"model\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"threads\": %d, \"recompute\": %d, "
+           "\"fwd_tok_s\": %.1f, \"train_tok_s\": %.1f, \"loss\": %.6f}\n",
+           path, (long long)B, (long long)T, nb_ctx_threads(ctx), recompute, fwd ? N / fwd_s : 0.0,
+           train ? N / train_s : 0.0, loss);
+    free(tok);
+    free(logits);
+    nb_model_free(m);
+    nb_ctx_release(ctx);
+    return 0;
+}

@@ -1,0 +1,242 @@
+/* Evaluation and generation: perplexity exactly as llama.cpp's llama-perplexity computes it (chunks
+ * of n_ctx tokens, BOS in each chunk's first slot, only the second half scored), KL(teacher||model)
+ * and top-1 agreement at the same positions, and greedy / sampled generation with a KV cache. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/internal.h"
+
+/* ---- sampling ------------------------------------------------------------------------------ */
+
+typedef struct { float v; int32_t i; } vi_pair;
+
+static int cmp_desc(const void *a, const void *b) {
+    const vi_pair *x = a, *y = b;
+    if (x->v != y->v) return x->v < y->v ? 1 : -1;
+    return x->i < y->i ? -1 : (x->i > y->i);
+}
+
+static int32_t argmax(const float *l, int64_t V) {
+    int32_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (l[i] > l[best]) best = (int32_t)i;
+    return best;
+}
+
+int32_t nb_sample_logits(const float *logits, int64_t V, const nb_sample_opts *o, nb_rng *rng) {
+    if (!o || o->greedy || !(o->temperature > 0) || !rng) return argmax(logits, V);
+    vi_pair *p = malloc(sizeof *p * (size_t)V);
+    if (!p) return argmax(logits, V);
+    for (int64_t i = 0; i < V; i++) p[i] = (vi_pair){logits[i], (int32_t)i};
+    qsort(p, (size_t)V, sizeof *p, cmp_desc);
+    int64_t n = V;
+    if (o->top_k > 0 && o->top_k < n) n = o->top_k;
+    double mx = p[0].v, sum = 0.0;
+    double *w = malloc(sizeof(double) * (size_t)n);
+    if (!w) { int32_t r = p[0].i; free(p); return r; }
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = exp(((double)p[i].v - mx) / o->temperature);
+        sum += w[i];
+    }
+    if (o->top_p > 0 && o->top_p < 1) {
+        double acc = 0.0;
+        int64_t keep = n;
+        for (int64_t i = 0; i < n; i++) {
+            acc += w[i] / sum;
+            if (acc >= o->top_p) { keep = i + 1; break; }
+        }
+        n = keep;
+        sum = 0.0;
+        for (int64_t i = 0; i < n; i++) sum += w[i];
+    }
+    double u = nb_rng_uniform(rng) * sum, acc = 0.0;
+    int32_t pick = p[n - 1].i;
+    for (int64_t i = 0; i < n; i++) {
+        acc += w[i];
+        if (u < acc) { pick = p[i].i; break; }
+    }
+    free(w);
+    free(p);
+    return pick;
+}
+
+static int is_eos(const nb_model_config *c, int32_t t) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] == t) return 1;
+    return 0;
+}
+
+nb_status nb_model_generate(nb_ctx *ctx, nb_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
+                            const nb_sample_opts *opts, int32_t *out, int64_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (n_prompt < 1) return nb_fail(ctx, NB_ERR_INVALID, "generate: the prompt needs at least one token (e.g. BOS)");
+    if (n_new < 0) return nb_fail(ctx, NB_ERR_INVALID, "generate: n_new is negative");
+    if (n_new == 0) return NB_OK;
+    int64_t V = m->cfg.vocab_size;
+    nb_kv_cache *kc = NULL;
+    nb_status s = nb_kv_cache_new(ctx, m, 1, n_prompt + n_new, &kc);
+    if (s) return s;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    if (!lg) { nb_kv_cache_free(kc); return nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); }
+    nb_rng rng;
+    nb_rng_seed(&rng, opts ? opts->seed : 0);
+    nb_forward_opts fo = {0};
+    fo.logits = lg;
+    fo.cache = kc;
+    fo.logits_start = n_prompt - 1;
+    s = nb_model_forward(ctx, m, prompt, 1, n_prompt, &fo);
+    int64_t n = 0;
+    fo.logits_start = 0;
+    while (!s && n < n_new) {
+        int32_t t = nb_sample_logits(lg, V, opts, &rng);
+        out[n++] = t;
+        if (opts && opts->stop_at_eos && is_eos(&m->cfg, t)) break;
+        if (n < n_new) s = nb_model_forward(ctx, m, &t, 1, 1, &fo);
+    }
+    if (n_out) *n_out = n;
+    free(lg);
+    nb_kv_cache_free(kc);
+    return s;
+}
+
+/* ---- perplexity / KL ------------------------------------------------------------------------ */
+
+typedef struct {
+    nb_ctx *ctx;
+    const int32_t *chunk_tokens;   /* [B, n_ctx] as fed (targets come from here) */
+    int64_t n_ctx, first, V;
+    const float *teacher;          /* NULL or [rows, V] teacher logits of the same rows */
+    double *row_nll, *row_kl;      /* per selected row (NaN when not scored) */
+    int8_t *row_same;
+    const float *logits;           /* current chunk */
+    int64_t row0;
+} score_job;
+
+static void score_range(void *arg, int64_t r0, int64_t r1) {
+    score_job *j = arg;
+    int64_t V = j->V, per = j->n_ctx - j->first;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t R = j->row0 + r, b = R / per, t = j->first + R % per;
+        if (t >= j->n_ctx - 1) { j->row_nll[R] = NAN; continue; }
+        const float *l = j->logits + r * V;
+        int32_t target = j->chunk_tokens[b * j->n_ctx + t + 1];
+        float mx = l[0];
+        for (int64_t c = 1; c < V; c++) mx = l[c] > mx ? l[c] : mx;
+        double sum = 0.0;
+        for (int64_t c = 0; c < V; c++) sum += exp((double)l[c] - mx);
+        double lse = (double)mx + log(sum);
+        j->row_nll[R] = lse - (double)l[target];
+        if (j->teacher) {
+            const float *q = j->teacher + R * V;
+            float tm = q[0];
+            for (int64_t c = 1; c < V; c++) tm = q[c] > tm ? q[c] : tm;
+            double ts = 0.0;
+            for (int64_t c = 0; c < V; c++) ts += exp((double)q[c] - tm);
+            double tlse = (double)tm + log(ts), kl = 0.0;
+            for (int64_t c = 0; c < V; c++) {
+                double lp = (double)q[c] - tlse;
+                kl += exp(lp) * (lp - ((double)l[c] - lse));
+            }
+            j->row_kl[R] = kl;
+            j->row_same[R] = argmax(l, V) == argmax(q, V);
+        }
+    }
+}
+
+static nb_status score_cb(nb_ctx *ctx, void *user, int64_t row0, int64_t nrows, int64_t vocab, float *logits) {
+    score_job *j = user;
+    j->logits = logits;
+    j->row0 = row0;
+    nb_parallel_for(ctx, nrows, 1 + 65536 / (vocab + 1), score_range, j);
+    return NB_OK;
+}
+
+typedef struct { float *dst; } copy_job;
+static nb_status copy_cb(nb_ctx *ctx, void *user, int64_t row0, int64_t nrows, int64_t vocab, float *logits) {
+    copy_job *c = user;
+    memcpy(c->dst + row0 * vocab, logits, sizeof(float) * (size_t)(nrows * vocab));
+    return NB_OK;
+}
+
+nb_status nb_model_eval(nb_ctx *ctx, nb_model *m, nb_model *teacher, const int32_t *tokens, int64_t n_tokens,
+                        const nb_eval_opts *opts, nb_eval_result *out) {
+    static const nb_eval_opts dflt = {0};
+    if (!opts) opts = &dflt;
+    memset(out, 0, sizeof *out);
+    out->kld_mean = out->top1_agree = NAN;
+    int64_t n_ctx = opts->n_ctx > 0 ? opts->n_ctx : 512, V = m->cfg.vocab_size;
+    if (n_ctx < 4) return nb_fail(ctx, NB_ERR_INVALID, "eval: n_ctx %lld is too small", (long long)n_ctx);
+    if (teacher && teacher->cfg.vocab_size != V)
+        return nb_fail(ctx, NB_ERR_SHAPE, "eval: the teacher's vocabulary (%lld) differs from the model's (%lld)",
+                       (long long)teacher->cfg.vocab_size, (long long)V);
+    int64_t max_chunks = n_tokens / n_ctx;
+    if (max_chunks < 1)
+        return nb_fail(ctx, NB_ERR_INVALID, "eval: %lld tokens are fewer than one chunk of n_ctx %lld", (long long)n_tokens,
+                       (long long)n_ctx);
+    int64_t chunks = opts->n_chunks > 0 && opts->n_chunks < max_chunks ? opts->n_chunks : max_chunks;
+    int32_t bos = opts->bos == -1 ? m->cfg.bos_token_id : opts->bos;
+    int64_t first = n_ctx / 2, per = n_ctx - first;
+    /* batch: about 2048 tokens per forward, and teacher logits under 256 MiB */
+    int64_t B = opts->batch > 0 ? opts->batch : (2048 + n_ctx - 1) / n_ctx;
+    if (teacher && opts->batch <= 0) {
+        int64_t cap = (int64_t)(64 << 20) / (per * V);
+        if (B > cap) B = cap;
+    }
+    if (B < 1) B = 1;
+    if (B > chunks) B = chunks;
+    int64_t rows = B * per;
+    int32_t *ct = malloc(sizeof(int32_t) * (size_t)(B * n_ctx));
+    double *nll = malloc(sizeof(double) * (size_t)rows), *kl = malloc(sizeof(double) * (size_t)rows);
+    int8_t *same = malloc((size_t)rows);
+    float *tl = teacher ? malloc(sizeof(float) * (size_t)(rows * V)) : NULL;
+    nb_status s = NB_OK;
+    if (!ct || !nll || !kl || !same || (teacher && !tl)) s = nb_fail(ctx, NB_ERR_NOMEM, "eval: out of memory");
+    double sum = 0.0, sum2 = 0.0, klsum = 0.0;
+    int64_t count = 0, agree = 0;
+    for (int64_t c0 = 0; !s && c0 < chunks; c0 += B) {
+        int64_t nb = chunks - c0 < B ? chunks - c0 : B;
+        memcpy(ct, tokens + c0 * n_ctx, sizeof(int32_t) * (size_t)(nb * n_ctx));
+        if (bos >= 0)
+            for (int64_t b = 0; b < nb; b++) ct[b * n_ctx] = bos;
+        nb_forward_opts fo = {0};
+        fo.logits_start = first;
+        if (teacher) {
+            copy_job cj = {tl};
+            fo.on_logits = copy_cb;
+            fo.user = &cj;
+            if ((s = nb_model_forward(ctx, teacher, ct, nb, n_ctx, &fo))) break;
+        }
+        score_job j = {ctx, ct, n_ctx, first, V, tl, nll, kl, same, NULL, 0};
+        fo.on_logits = score_cb;
+        fo.user = &j;
+        if ((s = nb_model_forward(ctx, m, ct, nb, n_ctx, &fo))) break;
+        for (int64_t r = 0; r < nb * per; r++) {
+            if (isnan(nll[r])) continue;
+            sum += nll[r];
+            sum2 += nll[r] * nll[r];
+            count++;
+            if (teacher) {
+                klsum += kl[r];
+                agree += same[r];
+            }
+        }
+    }
+    free(ct);
+    free(nll);
+    free(kl);
+    free(same);
+    free(tl);
+    if (s) return s;
+    double mean = sum / (double)count, var = sum2 / (double)count - mean * mean;
+    out->nll = mean;
+    out->ppl = exp(mean);
+    out->ppl_err = var > 0 && count > 1 ? sqrt(var / (double)(count - 1)) * out->ppl : 0.0;
+    out->tokens = count;
+    out->chunks = chunks;
+    if (teacher) {
+        out->kld_mean = klsum / (double)count;
+        out->top1_agree = 100.0 * (double)agree / (double)count;
+    }
+    return NB_OK;
+}

@@ -1,0 +1,637 @@
+/* Loading models: a Hugging Face directory (config.json + safetensors, one file or sharded) or a
+ * GGUF file (llama / qwen2 / qwen3 architectures), into the float32 parameters of an nb_model with
+ * HF names. GGUF llama q/k rows come in the interleaved RoPE layout and are permuted back to HF's
+ * rotate-half layout here, so one forward serves both. Every disagreement between config and
+ * weights is an error that names the field or tensor. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "nibble/gguf.h"
+#include "nibble/qmodel.h"
+#include "nibble/safetensors.h"
+#include "model/internal.h"
+
+/* ---- a tensor source: HF safetensors or GGUF, addressed by HF name -------------------------- */
+
+typedef struct {
+    int is_gguf;
+    const char *path;
+    nb_st *st;
+    nb_gguf *g;
+    int permute_qk;           /* GGUF llama: interleaved -> rotate-half */
+    char *used;               /* one flag per file tensor */
+    int64_t n_file;
+} src_t;
+
+static const struct { const char *hf, *gg; } k_layer_map[] = {
+    {"self_attn.q_proj.", "attn_q."},       {"self_attn.k_proj.", "attn_k."},
+    {"self_attn.v_proj.", "attn_v."},       {"self_attn.o_proj.", "attn_output."},
+    {"self_attn.q_norm.", "attn_q_norm."},  {"self_attn.k_norm.", "attn_k_norm."},
+    {"input_layernorm.", "attn_norm."},     {"post_attention_layernorm.", "ffn_norm."},
+    {"mlp.gate_proj.", "ffn_gate."},        {"mlp.up_proj.", "ffn_up."},
+    {"mlp.down_proj.", "ffn_down."},
+};
+
+/* GGUF name of an HF parameter name (buf), or NULL if it has none. */
+static const char *gguf_name(const char *hf, char *buf, size_t cap) {
+    if (!strcmp(hf, "model.embed_tokens.weight")) return "token_embd.weight";
+    if (!strcmp(hf, "model.norm.weight")) return "output_norm.weight";
+    if (!strcmp(hf, "lm_head.weight")) return "output.weight";
+    long long l;
+    int used = 0;
+    if (sscanf(hf, "model.layers.%lld.%n", &l, &used) == 1 && used > 0) {
+        const char *rest = hf + used;
+        for (size_t i = 0; i < sizeof k_layer_map / sizeof k_layer_map[0]; i++) {
+            size_t n = strlen(k_layer_map[i].hf);
+            if (!strncmp(rest, k_layer_map[i].hf, n)) {
+                snprintf(buf, cap, "blk.%lld.%s%s", l, k_layer_map[i].gg, rest + n);
+                return buf;
+            }
+        }
+    }
+    return NULL;
+}
+
+static int64_t src_find(src_t *S, const char *hf, const char **file_name, char *buf, size_t cap) {
+    if (!S->is_gguf) {
+        *file_name = hf;
+        return nb_st_find(S->st, hf);
+    }
+    const char *g = gguf_name(hf, buf, cap);
+    *file_name = g ? g : hf;
+    return g ? nb_gguf_find_tensor(S->g, g) : -1;
+}
+
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+/* interleaved (GGUF/Meta) -> rotate-half (HF) rows of one q or k weight [n_heads*hd, cols] */
+static nb_status unpermute_rows(nb_ctx *ctx, float *w, int64_t n_heads, int64_t hd, int64_t cols) {
+    int64_t half = hd / 2;
+    float *tmp = malloc(sizeof(float) * (size_t)(hd * cols));
+    if (!tmp) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (q/k permutation)");
+    for (int64_t h = 0; h < n_heads; h++) {
+        float *blk = w + h * hd * cols;
+        for (int64_t i = 0; i < half; i++)
+            for (int64_t c = 0; c < 2; c++)
+                memcpy(tmp + (c * half + i) * cols, blk + (2 * i + c) * cols, sizeof(float) * (size_t)cols);
+        memcpy(blk, tmp, sizeof(float) * (size_t)(hd * cols));
+    }
+    free(tmp);
+    return NB_OK;
+}
+
+/* Fetch one parameter from the file into the flat buffer, checking presence, shape and dtype. */
+static nb_status load_param(nb_ctx *ctx, nb_model *m, src_t *S, int64_t p) {
+    nb_param_rec *P = &m->params[p];
+    char gbuf[320], have[96], want[96];
+    size_t L = strlen(P->name);
+    if (!S->is_gguf && P->ndim == 2 && L > 7 && L < sizeof gbuf + 7 && !strcmp(P->name + L - 7, ".weight")) {
+        /* an exported checkpoint (ModelOpt / compressed-tensors): dequantized as the serving loaders do */
+        nb_readback_info rb;
+        snprintf(gbuf, sizeof gbuf, "%.*s", (int)(L - 7), P->name);
+        nb_status s = nb_readback_probe(ctx, S->st, gbuf, &rb);
+        if (s) return s;
+        if (rb.format != NB_FMT_NONE) {
+            s = nb_readback_weight(ctx, S->st, gbuf, P->shape[0], P->shape[1], m->flat + P->offset, S->used);
+            if (!s) P->src_dtype = -1;
+            return s;
+        }
+    }
+    const char *fname;
+    int64_t idx = src_find(S, P->name, &fname, gbuf, sizeof gbuf);
+    if (idx < 0) {
+        if (S->is_gguf)
+            return nb_fail(ctx, NB_ERR_NOT_FOUND, "missing tensor '%s' (%s) in %s", fname, P->name, S->path);
+        return nb_fail(ctx, NB_ERR_NOT_FOUND, "missing tensor '%s' in %s", P->name, S->path);
+    }
+    S->used[idx] = 1;
+    nb_tensor *t = NULL;
+    nb_status s = S->is_gguf ? nb_gguf_get(ctx, S->g, fname, &t) : nb_st_get(ctx, S->st, fname, &t);
+    if (s) return s;
+    int64_t wshape[2] = {P->shape[0], P->shape[1]};
+    int same = t->ndim == P->ndim && t->shape[0] == wshape[0] && (P->ndim == 1 || t->shape[1] == wshape[1]);
+    if (!same) {
+        shape_str(have, sizeof have, t->ndim, t->shape);
+        shape_str(want, sizeof want, P->ndim, wshape);
+        nb_tensor_release(t);
+        return nb_fail(ctx, NB_ERR_SHAPE, "tensor '%s' has shape %s, expected %s from the config", fname, have, want);
+    }
+    int32_t src_dt = t->dtype;
+    if (S->is_gguf) {
+        const nb_gguf_tensor_info *ti = nb_gguf_tensor_at(S->g, idx);
+        if (ti->type != NB_GGML_F32 && ti->type != NB_GGML_F16 && ti->type != NB_GGML_BF16) src_dt = -1;
+    }
+    if (t->dtype != NB_F32 && t->dtype != NB_F16 && t->dtype != NB_BF16) {
+        const nb_dtype_traits *tr = nb_dtype_info(t->dtype);
+        nb_tensor_release(t);
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "tensor '%s' has dtype %s; only F32, BF16 and F16 weights are read", fname,
+                       tr ? tr->st_name : "?");
+    }
+    float *dst = m->flat + P->offset;
+    s = nb_convert(dst, NB_F32, nb_tensor_data(t), t->dtype, P->numel);
+    nb_tensor_release(t);
+    if (s) return nb_fail(ctx, s, "cannot convert tensor '%s' to float32", fname);
+    P->src_dtype = src_dt;
+    if (S->permute_qk) {
+        if (strstr(P->name, "self_attn.q_proj.weight"))
+            return unpermute_rows(ctx, dst, m->cfg.n_heads, m->cfg.head_dim, P->shape[1]);
+        if (strstr(P->name, "self_attn.k_proj.weight"))
+            return unpermute_rows(ctx, dst, m->cfg.n_kv_heads, m->cfg.head_dim, P->shape[1]);
+    }
+    return NB_OK;
+}
+
+static nb_status load_all(nb_ctx *ctx, nb_model *m, src_t *S) {
+    for (int64_t p = 0; p < m->n_params; p++) {
+        nb_status s = load_param(ctx, m, S, p);
+        if (s) return s;
+    }
+    return NB_OK;
+}
+
+/* The first file tensor nothing consumed (ignoring buffers HF sometimes saves), or NULL. */
+static const char *unused_tensor(src_t *S) {
+    for (int64_t i = 0; i < S->n_file; i++) {
+        if (S->used[i]) continue;
+        const char *n = S->is_gguf ? nb_gguf_tensor_at(S->g, i)->name : nb_st_entry_at(S->st, i)->name;
+        if (strstr(n, "rotary_emb.inv_freq")) continue;
+        return n;
+    }
+    return NULL;
+}
+
+/* ---- Hugging Face config.json --------------------------------------------------------------- */
+
+static char *read_file(nb_ctx *ctx, const char *path, nb_status *st) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *st = nb_fail(ctx, errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        *st = nb_fail(ctx, NB_ERR_IO, "cannot read %s", path);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    *st = NB_OK;
+    return buf;
+}
+
+typedef struct {
+    nb_ctx *ctx;
+    const char *path;
+    cJSON *root;
+    nb_status err;
+} cfgr;
+
+static const cJSON *jget(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* An integer field: required (fails when absent) or defaulted. */
+static int64_t jint(cfgr *c, const cJSON *o, const char *k, int required, int64_t dflt) {
+    const cJSON *v = jget(o, k);
+    if (!v) {
+        if (required && !c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: missing required field '%s'", c->path, k);
+        return dflt;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble) {
+        if (!c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' must be an integer", c->path, k);
+        return dflt;
+    }
+    return (int64_t)v->valuedouble;
+}
+
+static double jnum(cfgr *c, const cJSON *o, const char *k, double dflt) {
+    const cJSON *v = jget(o, k);
+    if (!v) return dflt;
+    if (!cJSON_IsNumber(v)) {
+        if (!c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' must be a number", c->path, k);
+        return dflt;
+    }
+    return v->valuedouble;
+}
+
+static int jbool(cfgr *c, const cJSON *o, const char *k, int dflt) {
+    const cJSON *v = jget(o, k);
+    if (!v) return dflt;
+    if (!cJSON_IsBool(v)) {
+        if (!c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' must be true or false", c->path, k);
+        return dflt;
+    }
+    return cJSON_IsTrue(v);
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = jget(o, k);
+    return v && cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static const struct { const char *model_type, *cls; int arch; } k_archs[] = {
+    {"llama", "LlamaForCausalLM", NB_ARCH_LLAMA},
+    {"mistral", "MistralForCausalLM", NB_ARCH_MISTRAL},
+    {"qwen2", "Qwen2ForCausalLM", NB_ARCH_QWEN2},
+    {"qwen3", "Qwen3ForCausalLM", NB_ARCH_QWEN3},
+};
+
+/* rope_parameters (transformers >= 5) or rope_theta + rope_scaling (older) */
+static nb_status parse_rope(cfgr *c, const cJSON *o, nb_model_config *cfg) {
+    const cJSON *rp = jget(o, "rope_parameters");
+    const cJSON *rs = jget(o, "rope_scaling");
+    cfg->rope_theta = jnum(c, o, "rope_theta", 10000.0);
+    const cJSON *sc = NULL;
+    if (rp) {
+        if (!cJSON_IsObject(rp)) return nb_fail(c->ctx, NB_ERR_FORMAT, "%s: rope_parameters must be an object", c->path);
+        cfg->rope_theta = jnum(c, rp, "rope_theta", cfg->rope_theta);
+        sc = rp;
+    }
+    if (rs) {
+        if (!cJSON_IsObject(rs)) return nb_fail(c->ctx, NB_ERR_FORMAT, "%s: rope_scaling must be an object or null", c->path);
+        sc = rs;
+    }
+    cfg->rope_kind = NB_ROPE_DEFAULT;
+    cfg->rope_factor = 1.0;
+    if (sc) {
+        const char *type = jstr(sc, "rope_type");
+        if (!type) type = jstr(sc, "type");
+        if (!type) type = "default";
+        double prf = jnum(c, sc, "partial_rotary_factor", 1.0);
+        if (prf != 1.0)
+            return nb_fail(c->ctx, NB_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported (only 1)", c->path, prf);
+        if (!strcmp(type, "default")) {
+            cfg->rope_kind = NB_ROPE_DEFAULT;
+        } else if (!strcmp(type, "linear")) {
+            cfg->rope_kind = NB_ROPE_LINEAR;
+            cfg->rope_factor = jnum(c, sc, "factor", 0.0);
+        } else if (!strcmp(type, "llama3")) {
+            cfg->rope_kind = NB_ROPE_LLAMA3;
+            cfg->rope_factor = jnum(c, sc, "factor", 0.0);
+            cfg->rope_low_freq_factor = jnum(c, sc, "low_freq_factor", 0.0);
+            cfg->rope_high_freq_factor = jnum(c, sc, "high_freq_factor", 0.0);
+            cfg->rope_original_max_position = jint(c, sc, "original_max_position_embeddings", 1, 0);
+        } else {
+            return nb_fail(c->ctx, NB_ERR_UNSUPPORTED,
+                           "%s: rope_scaling type '%s' is not supported (supported: default, linear, llama3)", c->path, type);
+        }
+    }
+    return c->err;
+}
+
+static nb_status parse_hf_config(nb_ctx *ctx, const char *path, const char *text, nb_model_config *cfg, int *tie_known) {
+    cfgr c = {ctx, path, cJSON_Parse(text), NB_OK};
+    if (!c.root || !cJSON_IsObject(c.root)) {
+        cJSON_Delete(c.root);
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    const cJSON *o = c.root;
+    nb_status s = NB_OK;
+    nb_model_config_init(cfg);
+    const char *mt = jstr(o, "model_type");
+    int arch = -1;
+    for (size_t i = 0; mt && i < sizeof k_archs / sizeof k_archs[0]; i++)
+        if (!strcmp(mt, k_archs[i].model_type)) arch = k_archs[i].arch;
+    if (!mt) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing required field 'model_type'", path); goto done; }
+    if (arch < 0) {
+        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported model_type '%s' (supported: llama, mistral, qwen2, qwen3)",
+                    path, mt);
+        goto done;
+    }
+    cfg->arch = arch;
+    const cJSON *archs = jget(o, "architectures");
+    if (archs && cJSON_IsArray(archs)) {
+        const cJSON *a0;
+        cJSON_ArrayForEach(a0, archs) {
+            if (!cJSON_IsString(a0)) continue;
+            int ok = 0;
+            for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+                if (!strcmp(a0->valuestring, k_archs[i].cls) && k_archs[i].arch == arch) ok = 1;
+            if (!ok) {
+                s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported architectures entry '%s' for model_type '%s'", path,
+                            a0->valuestring, mt);
+                goto done;
+            }
+        }
+    }
+    const cJSON *qcfg = jget(o, "quantization_config");
+    const char *qmethod = qcfg ? jstr(qcfg, "quant_method") : NULL;
+    if (qcfg && !(qmethod && (!strcmp(qmethod, "modelopt") || !strcmp(qmethod, "compressed-tensors")))) {
+        /* nibble's own exports (ModelOpt, compressed-tensors) are read back dequantized; others are not */
+        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: quantization_config with quant_method '%s' is not supported "
+                    "(only modelopt and compressed-tensors checkpoints are read back)", path, qmethod ? qmethod : "?");
+        goto done;
+    }
+    const char *act = jstr(o, "hidden_act");
+    if (!act) act = jstr(o, "hidden_activation");
+    if (act && strcmp(act, "silu") != 0) {
+        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)", path, act);
+        goto done;
+    }
+    cfg->vocab_size = jint(&c, o, "vocab_size", 1, 0);
+    cfg->hidden_size = jint(&c, o, "hidden_size", 1, 0);
+    cfg->intermediate_size = jint(&c, o, "intermediate_size", 1, 0);
+    cfg->n_layers = jint(&c, o, "num_hidden_layers", 1, 0);
+    cfg->n_heads = jint(&c, o, "num_attention_heads", 1, 0);
+    cfg->n_kv_heads = jint(&c, o, "num_key_value_heads", 0, cfg->n_heads);
+    if (c.err) { s = c.err; goto done; }
+    if (cfg->n_heads <= 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: num_attention_heads must be positive", path); goto done; }
+    cfg->head_dim = jint(&c, o, "head_dim", 0, cfg->hidden_size / cfg->n_heads);
+    if (!jget(o, "head_dim") && cfg->hidden_size % cfg->n_heads) {
+        s = nb_fail(ctx, NB_ERR_FORMAT, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld", path,
+                    (long long)cfg->hidden_size, (long long)cfg->n_heads);
+        goto done;
+    }
+    cfg->max_position = jint(&c, o, "max_position_embeddings", 0, 0);
+    cfg->rms_eps = jnum(&c, o, "rms_norm_eps", 1e-6);
+    if ((s = parse_rope(&c, o, cfg))) goto done;
+    double prf = jnum(&c, o, "partial_rotary_factor", 1.0);
+    if (prf != 1.0) {
+        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported (only 1)", path, prf);
+        goto done;
+    }
+    int attn_bias = jbool(&c, o, "attention_bias", 0);
+    cfg->mlp_bias = arch == NB_ARCH_LLAMA ? jbool(&c, o, "mlp_bias", 0) : 0;
+    if (arch == NB_ARCH_QWEN2) {
+        cfg->qkv_bias = 1;
+        cfg->o_bias = 0;
+    } else if (arch != NB_ARCH_MISTRAL) {
+        cfg->qkv_bias = cfg->o_bias = attn_bias;
+    }
+    cfg->qk_norm = arch == NB_ARCH_QWEN3;
+    /* sliding windows: mistral applies sliding_window in every layer; qwen2/3 only with
+     * use_sliding_window, per layer_types */
+    int64_t sw = jint(&c, o, "sliding_window", 0, 0);
+    if (arch == NB_ARCH_MISTRAL) {
+        cfg->sliding_window = sw;
+    } else if (arch == NB_ARCH_QWEN2 || arch == NB_ARCH_QWEN3) {
+        const cJSON *lt = jget(o, "layer_types");
+        int n_sliding = 0, n = 0;
+        const cJSON *e;
+        if (lt && cJSON_IsArray(lt)) {
+            cJSON_ArrayForEach(e, lt) {
+                n++;
+                if (cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention")) n_sliding++;
+                else if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention")) {
+                    s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: layer_types entry '%s' is not supported", path,
+                                cJSON_IsString(e) ? e->valuestring : "?");
+                    goto done;
+                }
+            }
+        } else if (jbool(&c, o, "use_sliding_window", 0)) {
+            s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: use_sliding_window without layer_types is not supported", path);
+            goto done;
+        }
+        if (n_sliding && n_sliding != n) {
+            s = nb_fail(ctx, NB_ERR_UNSUPPORTED,
+                        "%s: layer_types mixes sliding_attention and full_attention layers (not supported)", path);
+            goto done;
+        }
+        cfg->sliding_window = n_sliding ? sw : 0;
+    }
+    const cJSON *bos = jget(o, "bos_token_id");
+    cfg->bos_token_id = bos && cJSON_IsNumber(bos) ? (int32_t)bos->valuedouble : -1;
+    const cJSON *eos = jget(o, "eos_token_id");
+    cfg->n_eos = 0;
+    if (eos && cJSON_IsNumber(eos)) {
+        cfg->eos_token_ids[cfg->n_eos++] = (int32_t)eos->valuedouble;
+    } else if (eos && cJSON_IsArray(eos)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, eos) if (cJSON_IsNumber(e) && cfg->n_eos < NB_MODEL_MAX_EOS) cfg->eos_token_ids[cfg->n_eos++] =
+            (int32_t)e->valuedouble;
+    }
+    const cJSON *tie = jget(o, "tie_word_embeddings");
+    *tie_known = tie ? (cJSON_IsTrue(tie) ? 1 : 0) : -1;
+    if (c.err) s = c.err;
+done:
+    cJSON_Delete(c.root);
+    return s;
+}
+
+/* ---- building a loaded model ---------------------------------------------------------------- */
+
+static nb_status new_shell(nb_ctx *ctx, const nb_model_config *cfg, int format, const char *path, nb_model **out) {
+    nb_status s = nb_model_new(ctx, cfg, out);
+    if (s) return s;
+    (*out)->format = format;
+    free((*out)->path);
+    (*out)->path = strdup(path);
+    return (*out)->path ? NB_OK : nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+}
+
+static nb_status load_hf(nb_ctx *ctx, const char *dir, nb_model **out) {
+    char cpath[4096];
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    nb_status s;
+    char *text = read_file(ctx, cpath, &s);
+    if (!text) return s;
+    nb_model_config cfg;
+    int tie = -1;
+    s = parse_hf_config(ctx, cpath, text, &cfg, &tie);
+    free(text);
+    if (s) return s;
+    nb_st *st = NULL;
+    if ((s = nb_st_open(ctx, dir, &st))) {
+        struct stat sb;
+        char bin[4096];
+        snprintf(bin, sizeof bin, "%s/pytorch_model.bin", dir);
+        if (stat(bin, &sb) == 0)
+            return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s holds pytorch_model.bin only: nibble reads safetensors, never pickle", dir);
+        return s;
+    }
+    /* tied embeddings are decided by the files: no lm_head.weight means tied */
+    int has_lm = nb_st_find(st, "lm_head.weight") >= 0 || (tie != 1 && nb_st_find(st, "lm_head.weight_packed") >= 0);
+    if (tie == 0 && !has_lm) {
+        nb_st_close(st);
+        return nb_fail(ctx, NB_ERR_NOT_FOUND, "missing tensor 'lm_head.weight' in %s (config.json says tie_word_embeddings: false)",
+                       dir);
+    }
+    cfg.tied = !has_lm || tie == 1;
+    nb_model *m = NULL;
+    if ((s = new_shell(ctx, &cfg, NB_MODEL_HF, dir, &m))) { nb_st_close(st); return s; }
+    src_t S = {0, dir, st, NULL, 0, NULL, nb_st_count(st)};
+    S.used = calloc((size_t)(S.n_file ? S.n_file : 1), 1);
+    if (!S.used) s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+    if (!s) s = load_all(ctx, m, &S);
+    if (!s && has_lm && cfg.tied) {
+        /* config says tied and the file also has lm_head.weight: fine only when it is the same matrix */
+        int64_t i = nb_st_find(st, "lm_head.weight");
+        S.used[i] = 1;
+        nb_tensor *t = NULL;
+        if (!(s = nb_st_get(ctx, st, "lm_head.weight", &t))) {
+            int64_t n = cfg.vocab_size * cfg.hidden_size;
+            float *tmp = malloc(sizeof(float) * (size_t)n);
+            if (nb_tensor_numel(t) != n || !tmp || nb_convert(tmp, NB_F32, nb_tensor_data(t), t->dtype, n) != NB_OK ||
+                memcmp(tmp, nb_model_pdata(m, m->p_embed), sizeof(float) * (size_t)n) != 0)
+                s = nb_fail(ctx, NB_ERR_FORMAT,
+                            "config.json says tie_word_embeddings: true but lm_head.weight differs from model.embed_tokens.weight in %s",
+                            dir);
+            free(tmp);
+            nb_tensor_release(t);
+        }
+    }
+    const char *extra = s ? NULL : unused_tensor(&S);
+    if (extra)
+        s = nb_fail(ctx, NB_ERR_FORMAT, "unexpected tensor '%s' in %s: config.json (%s, %lld layers%s) has no place for it",
+                    extra, dir, nb_model_arch_name(m), (long long)cfg.n_layers,
+                    cfg.qkv_bias || cfg.o_bias || cfg.mlp_bias ? ", with biases" : ", no biases");
+    free(S.used);
+    nb_st_close(st);
+    if (s) { nb_model_free(m); return s; }
+    *out = m;
+    return NB_OK;
+}
+
+/* ---- GGUF ----------------------------------------------------------------------------------- */
+
+static int64_t gkey(nb_gguf *g, const char *arch, const char *suffix) {
+    char k[256];
+    snprintf(k, sizeof k, "%s.%s", arch, suffix);
+    return nb_gguf_find_key(g, k);
+}
+
+static nb_status load_gguf(nb_ctx *ctx, const char *path, nb_model **out) {
+    nb_gguf *g = NULL;
+    nb_status s = nb_gguf_open(ctx, path, &g);
+    if (s) return s;
+    nb_model *m = NULL;
+    nb_model_config cfg;
+    nb_model_config_init(&cfg);
+    src_t S = {1, path, NULL, g, 0, NULL, nb_gguf_tensor_count(g)};
+    char arch[64] = "";
+    int64_t k = nb_gguf_find_key(g, "general.architecture");
+    uint64_t len = 0;
+    const char *a = k >= 0 && nb_gguf_kv_type(g, k) == NB_GGUF_STRING ? nb_gguf_kv_str(g, k, &len) : NULL;
+    if (!a) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing general.architecture", path); goto fail; }
+    snprintf(arch, sizeof arch, "%.*s", (int)(len < 63 ? len : 63), a);
+    if (!strcmp(arch, "llama")) cfg.arch = NB_ARCH_LLAMA;
+    else if (!strcmp(arch, "qwen2")) cfg.arch = NB_ARCH_QWEN2;
+    else if (!strcmp(arch, "qwen3")) cfg.arch = NB_ARCH_QWEN3;
+    else {
+        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported GGUF architecture '%s' (supported: llama, qwen2, qwen3)", path, arch);
+        goto fail;
+    }
+#define REQ(field, key) do { int64_t _i = gkey(g, arch, key); \
+        if (_i < 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing GGUF key '%s.%s'", path, arch, key); goto fail; } \
+        cfg.field = nb_gguf_kv_int(g, _i); } while (0)
+    REQ(n_layers, "block_count");
+    REQ(hidden_size, "embedding_length");
+    REQ(intermediate_size, "feed_forward_length");
+    REQ(n_heads, "attention.head_count");
+#undef REQ
+    int64_t i;
+    cfg.n_kv_heads = (i = gkey(g, arch, "attention.head_count_kv")) >= 0 ? nb_gguf_kv_int(g, i) : cfg.n_heads;
+    if (cfg.n_heads <= 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: head_count must be positive", path); goto fail; }
+    cfg.head_dim = (i = gkey(g, arch, "attention.key_length")) >= 0 ? nb_gguf_kv_int(g, i) : cfg.hidden_size / cfg.n_heads;
+    if ((i = gkey(g, arch, "rope.dimension_count")) >= 0 && nb_gguf_kv_int(g, i) != cfg.head_dim) {
+        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: partial rotary embeddings (%s.rope.dimension_count %lld < head dim %lld) are not supported",
+                    path, arch, (long long)nb_gguf_kv_int(g, i), (long long)cfg.head_dim);
+        goto fail;
+    }
+    cfg.rms_eps = (i = gkey(g, arch, "attention.layer_norm_rms_epsilon")) >= 0 ? nb_gguf_kv_float(g, i) : 1e-5;
+    cfg.rope_theta = (i = gkey(g, arch, "rope.freq_base")) >= 0 ? nb_gguf_kv_float(g, i) : 10000.0;
+    cfg.max_position = (i = gkey(g, arch, "context_length")) >= 0 ? nb_gguf_kv_int(g, i) : 0;
+    if ((i = gkey(g, arch, "rope.scaling.type")) >= 0) {
+        const char *st = nb_gguf_kv_str(g, i, &len);
+        char ty[32];
+        snprintf(ty, sizeof ty, "%.*s", (int)(len < 31 ? len : 31), st ? st : "");
+        if (!strcmp(ty, "linear")) {
+            int64_t f = gkey(g, arch, "rope.scaling.factor");
+            cfg.rope_kind = NB_ROPE_LINEAR;
+            cfg.rope_factor = f >= 0 ? nb_gguf_kv_float(g, f) : 1.0;
+        } else if (strcmp(ty, "none") != 0) {
+            s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: %s.rope.scaling.type '%s' is not supported (none, linear)", path, arch, ty);
+            goto fail;
+        }
+    }
+    int64_t emb = nb_gguf_find_tensor(g, "token_embd.weight");
+    if (emb < 0) { s = nb_fail(ctx, NB_ERR_NOT_FOUND, "missing tensor 'token_embd.weight' in %s", path); goto fail; }
+    cfg.vocab_size = (i = gkey(g, arch, "vocab_size")) >= 0 ? nb_gguf_kv_int(g, i) : nb_gguf_tensor_at(g, emb)->ne[1];
+    cfg.bos_token_id = (i = nb_gguf_find_key(g, "tokenizer.ggml.bos_token_id")) >= 0 ? (int32_t)nb_gguf_kv_int(g, i) : -1;
+    cfg.n_eos = 0;
+    if ((i = nb_gguf_find_key(g, "tokenizer.ggml.eos_token_id")) >= 0) cfg.eos_token_ids[cfg.n_eos++] = (int32_t)nb_gguf_kv_int(g, i);
+    if ((i = nb_gguf_find_key(g, "tokenizer.ggml.eot_token_id")) >= 0 && cfg.n_eos < NB_MODEL_MAX_EOS &&
+        (cfg.n_eos == 0 || cfg.eos_token_ids[0] != (int32_t)nb_gguf_kv_int(g, i)))
+        cfg.eos_token_ids[cfg.n_eos++] = (int32_t)nb_gguf_kv_int(g, i);
+    if (cfg.arch == NB_ARCH_QWEN2) cfg.qkv_bias = 1;
+    if (cfg.arch == NB_ARCH_QWEN3) cfg.qk_norm = 1;
+    if (cfg.arch == NB_ARCH_LLAMA && nb_gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0) cfg.qkv_bias = 1;
+    if (cfg.arch != NB_ARCH_QWEN2 && nb_gguf_find_tensor(g, "blk.0.attn_output.bias") >= 0) cfg.o_bias = 1;
+    cfg.tied = nb_gguf_find_tensor(g, "output.weight") < 0;
+    int64_t rf = nb_gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf >= 0) cfg.rope_kind = NB_ROPE_FREQ_FACTORS;
+    if ((s = new_shell(ctx, &cfg, NB_MODEL_GGUF, path, &m))) goto fail;
+    S.used = calloc((size_t)(S.n_file ? S.n_file : 1), 1);
+    if (!S.used) { s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); goto fail; }
+    S.permute_qk = cfg.arch == NB_ARCH_LLAMA;
+    if ((s = load_all(ctx, m, &S))) goto fail;
+    if (rf >= 0) {
+        S.used[rf] = 1;
+        nb_tensor *t = NULL;
+        if ((s = nb_gguf_get(ctx, g, "rope_freqs.weight", &t))) goto fail;
+        int64_t half = cfg.head_dim / 2;
+        if (nb_tensor_numel(t) != half || t->dtype != NB_F32) {
+            nb_tensor_release(t);
+            s = nb_fail(ctx, NB_ERR_SHAPE, "tensor 'rope_freqs.weight' must be %lld float32 values", (long long)half);
+            goto fail;
+        }
+        m->rope_ff = malloc(sizeof(double) * (size_t)half);
+        if (!m->rope_ff) { nb_tensor_release(t); s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); goto fail; }
+        const float *f = nb_tensor_data(t);
+        for (int64_t j = 0; j < half; j++) m->rope_ff[j] = f[j];
+        nb_tensor_release(t);
+        nb_model_compute_inv_freq(m);
+    }
+    const char *extra = unused_tensor(&S);
+    if (extra) {
+        s = nb_fail(ctx, NB_ERR_FORMAT, "unexpected tensor '%s' in %s: the metadata (%s, %lld blocks) has no place for it", extra,
+                    path, arch, (long long)cfg.n_layers);
+        goto fail;
+    }
+    free(S.used);
+    nb_gguf_close(g);
+    *out = m;
+    return NB_OK;
+fail:
+    free(S.used);
+    nb_model_free(m);
+    nb_gguf_close(g);
+    return s;
+}
+
+nb_status nb_model_load(nb_ctx *ctx, const char *path, nb_model **out) {
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return nb_fail(ctx, NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) return load_hf(ctx, path, out);
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    size_t n = f ? fread(magic, 1, 4, f) : 0;
+    if (f) fclose(f);
+    if (n == 4 && !memcmp(magic, "GGUF", 4)) return load_gguf(ctx, path, out);
+    size_t pl = strlen(path);
+    if (pl > 12 && !strcmp(path + pl - 12, ".safetensors")) {
+        /* a weights file: load its directory */
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+        return load_hf(ctx, dir, out);
+    }
+    return nb_fail(ctx, NB_ERR_FORMAT, "%s is neither a model directory (config.json + safetensors) nor a GGUF file", path);
+}

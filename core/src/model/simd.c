@@ -1,0 +1,259 @@
+/* Row kernels with runtime CPU dispatch: AVX2+FMA on x86-64 machines that have it, portable C
+ * otherwise. They are the exp/max/dot loops a compiler will not vectorize on its own without
+ * -ffast-math (reductions, clamps), used by softmax, SwiGLU, RMSNorm and cross-entropy in ops.c.
+ * nb_simd_force() lets the tests run both paths on one machine and compare them. */
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "model/internal.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define NB_HAVE_AVX2_PATH 1
+#include <immintrin.h>
+#endif
+
+/* ---- portable versions ---------------------------------------------------------------------- */
+
+/* Cephes-style expf (see ops.c's fast_expf): about 2 ulp on the clamped range [-87.3, 88.7]. */
+static inline float sc_exp(float x) {
+    x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+    float t = x * 1.44269504088896341f + 12582912.0f;
+    float n = t - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &e, sizeof s);
+    return y * s;
+}
+
+static float sc_max(const float *x, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+static float sc_exp_sub_sum(float *x, int64_t n, float sub) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = sc_exp(x[i] - sub);
+        s += x[i];
+    }
+    return s;
+}
+static float sc_exp_sum(const float *x, int64_t n, float sub) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += sc_exp(x[i] - sub);
+    return s;
+}
+static void sc_exp_scale(const float *x, float *y, int64_t n, float sub, float k) {
+    for (int64_t i = 0; i < n; i++) y[i] = k * sc_exp(x[i] - sub);
+}
+static float sc_dot(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static float sc_dot3(const float *a, const float *b, const float *c, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i] * c[i];
+    return s;
+}
+static void sc_swiglu(const float *g, const float *u, float *a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) a[i] = g[i] / (1.0f + sc_exp(-g[i])) * u[i];
+}
+static void sc_swiglu_bwd(const float *g, const float *u, const float *da, float *dg, float *du, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i], ui = u[i], d = da[i];
+        float sg = 1.0f / (1.0f + sc_exp(-gi));
+        du[i] = d * gi * sg;
+        dg[i] = d * ui * sg * (1.0f + gi * (1.0f - sg));
+    }
+}
+static void sc_attn_dsoft(float *p, float *dp, int64_t n, float lse, float D, float scale) {
+    for (int64_t i = 0; i < n; i++) {
+        float pv = sc_exp(p[i] - lse);
+        p[i] = pv;
+        dp[i] = pv * (dp[i] - D) * scale;
+    }
+}
+
+/* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
+
+#ifdef NB_HAVE_AVX2_PATH
+#define AVX2 __attribute__((target("avx2,fma")))
+
+static inline AVX2 __m256 v_exp(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline AVX2 float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static inline AVX2 float hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static AVX2 float av_max(const float *x, int64_t n) {
+    int64_t i = 0;
+    float m = -INFINITY;
+    if (n >= 8) {
+        __m256 a = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) a = _mm256_max_ps(a, _mm256_loadu_ps(x + i));
+        m = hmax(a);
+    }
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static AVX2 float av_exp_sub_sum(float *x, int64_t n, float sub) {
+    __m256 s = _mm256_setzero_ps(), vs = _mm256_set1_ps(sub);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = v_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
+        _mm256_storeu_ps(x + i, e);
+        s = _mm256_add_ps(s, e);
+    }
+    float t = hsum(s);
+    for (; i < n; i++) {
+        x[i] = sc_exp(x[i] - sub);
+        t += x[i];
+    }
+    return t;
+}
+
+static AVX2 float av_exp_sum(const float *x, int64_t n, float sub) {
+    __m256 s = _mm256_setzero_ps(), vs = _mm256_set1_ps(sub);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) s = _mm256_add_ps(s, v_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs)));
+    float t = hsum(s);
+    for (; i < n; i++) t += sc_exp(x[i] - sub);
+    return t;
+}
+
+static AVX2 void av_exp_scale(const float *x, float *y, int64_t n, float sub, float k) {
+    __m256 vs = _mm256_set1_ps(sub), vk = _mm256_set1_ps(k);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(vk, v_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs))));
+    for (; i < n; i++) y[i] = k * sc_exp(x[i] - sub);
+}
+
+static AVX2 float av_dot(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float t = hsum(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) t += a[i] * b[i];
+    return t;
+}
+
+static AVX2 float av_dot3(const float *a, const float *b, const float *c, int64_t n) {
+    __m256 s = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        s = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)), _mm256_loadu_ps(c + i), s);
+    float t = hsum(s);
+    for (; i < n; i++) t += a[i] * b[i] * c[i];
+    return t;
+}
+
+static AVX2 void av_swiglu(const float *g, const float *u, float *a, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 sg = _mm256_div_ps(one, _mm256_add_ps(one, v_exp(_mm256_sub_ps(zero, gv))));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_mul_ps(gv, sg), _mm256_loadu_ps(u + i)));
+    }
+    sc_swiglu(g + i, u + i, a + i, n - i);
+}
+
+static AVX2 void av_swiglu_bwd(const float *g, const float *u, const float *da, float *dg, float *du, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i), uv = _mm256_loadu_ps(u + i), d = _mm256_loadu_ps(da + i);
+        __m256 sg = _mm256_div_ps(one, _mm256_add_ps(one, v_exp(_mm256_sub_ps(zero, gv))));
+        __m256 duv = _mm256_mul_ps(d, _mm256_mul_ps(gv, sg));
+        __m256 t = _mm256_fmadd_ps(gv, _mm256_sub_ps(one, sg), one);
+        __m256 dgv = _mm256_mul_ps(_mm256_mul_ps(d, uv), _mm256_mul_ps(sg, t));
+        _mm256_storeu_ps(du + i, duv);
+        _mm256_storeu_ps(dg + i, dgv);
+    }
+    sc_swiglu_bwd(g + i, u + i, da + i, dg + i, du + i, n - i);
+}
+
+static AVX2 void av_attn_dsoft(float *p, float *dp, int64_t n, float lse, float D, float scale) {
+    __m256 vl = _mm256_set1_ps(lse), vD = _mm256_set1_ps(D), vsc = _mm256_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 pv = v_exp(_mm256_sub_ps(_mm256_loadu_ps(p + i), vl));
+        _mm256_storeu_ps(p + i, pv);
+        _mm256_storeu_ps(dp + i, _mm256_mul_ps(_mm256_mul_ps(pv, _mm256_sub_ps(_mm256_loadu_ps(dp + i), vD)), vsc));
+    }
+    sc_attn_dsoft(p + i, dp + i, n - i, lse, D, scale);
+}
+#endif
+
+/* ---- dispatch -------------------------------------------------------------------------------- */
+
+nb_simd_table nb_simd;   /* process-wide, filled once from the CPU's features (no per-context state) */
+
+static const nb_simd_table k_scalar = {"scalar", sc_max, sc_exp_sub_sum, sc_exp_sum, sc_exp_scale, sc_dot, sc_dot3,
+                                       sc_swiglu, sc_swiglu_bwd, sc_attn_dsoft};
+#ifdef NB_HAVE_AVX2_PATH
+static const nb_simd_table k_avx2 = {"avx2", av_max, av_exp_sub_sum, av_exp_sum, av_exp_scale, av_dot, av_dot3,
+                                     av_swiglu, av_swiglu_bwd, av_attn_dsoft};
+#endif
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void simd_init(void) {
+    nb_simd = k_scalar;
+#ifdef NB_HAVE_AVX2_PATH
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) nb_simd = k_avx2;
+#endif
+}
+
+void nb_simd_ensure(void) { pthread_once(&g_once, simd_init); }
+
+const char *nb_simd_force(const char *name) {
+    nb_simd_ensure();
+    if (name && !strcmp(name, "scalar")) nb_simd = k_scalar;
+#ifdef NB_HAVE_AVX2_PATH
+    else if (name && !strcmp(name, "avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) nb_simd = k_avx2;
+#endif
+    return nb_simd.name;
+}
