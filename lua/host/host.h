@@ -28,6 +28,9 @@ extern volatile sig_atomic_t nbh_prompt_interrupt;
 void nbh_signals_prompt(void);
 void nbh_signals_default(void);
 
+/* Whether the function at stack index idx was registered with nibble.host.critical(fn). */
+int nbh_is_critical(lua_State *L, int idx);
+
 int nbh_repl(lua_State *L);
 int luaopen_nibble_host(lua_State *L);
 

@@ -55,6 +55,52 @@ static int l_listdir(lua_State *L) {
     return 1;
 }
 
+/* registry[&critical_key] = setmetatable({}, {__mode = "k"}): function -> true */
+static const char critical_key = 0;
+
+static void push_critical_table(lua_State *L) {
+    lua_pushlightuserdata(L, (void *)&critical_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    if (lua_istable(L, -1)) return;
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_newtable(L);
+    lua_pushstring(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_pushlightuserdata(L, (void *)&critical_key);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+}
+
+int nbh_is_critical(lua_State *L, int idx) {
+    if (!lua_isfunction(L, idx)) return 0;
+    idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+    lua_pushlightuserdata(L, (void *)&critical_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    int r = 0;
+    if (lua_istable(L, -1)) {
+        lua_pushvalue(L, idx);
+        lua_rawget(L, -2);
+        r = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return r;
+}
+
+/* critical(fn): Ctrl-C waits until fn returns (for functions that move ownership of C objects). */
+static int l_critical(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TFUNCTION);
+    push_critical_table(L);
+    lua_pushvalue(L, 1);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+    lua_settop(L, 1);
+    return 1;
+}
+
 static int l_isatty(lua_State *L) {
     lua_pushboolean(L, isatty((int)luaL_optinteger(L, 1, 0)));
     return 1;
@@ -65,6 +111,7 @@ int luaopen_nibble_host(lua_State *L) {
         { "default_ctx", l_default_ctx },
         { "listdir", l_listdir },
         { "isatty", l_isatty },
+        { "critical", l_critical },
         { NULL, NULL },
     };
     lua_newtable(L);

@@ -31,7 +31,13 @@ volatile sig_atomic_t nbh_prompt_interrupt;
 /* ---- Ctrl-C --------------------------------------------------------------------------------- */
 
 static void lstop(lua_State *L, lua_Debug *ar) {
-    (void)ar;
+    /* Functions the Lua side marked critical (they move ownership of C objects) finish first:
+     * the hook stays armed and fires at the first instruction outside them. */
+    if (lua_getinfo(L, "f", ar)) {
+        int critical = nbh_is_critical(L, -1);
+        lua_pop(L, 1);
+        if (critical) return;
+    }
     lua_sethook(L, NULL, 0, 0);
     /* The interrupt is delivered now, as a Lua error: later C calls must not see it again. */
     nb_ctx *ctx = nbh_ctx_if_created();
@@ -134,19 +140,17 @@ void nbh_report(lua_State *L) {
 /* ---- setup ------------------------------------------------------------------------------------ */
 
 static void set_paths(lua_State *L) {
-    const char *override = getenv("NIBBLE_LUA_PATH");
+    /* NIBBLE_LUA_PATH first (it can replace any module), then lua/ and the build's generated
+     * modules baked in at build time, then the install dir, then LuaJIT's default (LUA_PATH). */
+    const char *extra = getenv("NIBBLE_LUA_PATH");
     lua_getglobal(L, "package");
     lua_getfield(L, -1, "path");
     const char *dflt = lua_tostring(L, -1);
-    if (override && *override) {
-        lua_pushfstring(L, "%s;%s", override, dflt ? dflt : "");
-    } else {
-        lua_pushfstring(L,
-                        NIBBLE_LUA_SOURCE_DIR "/?.lua;" NIBBLE_LUA_SOURCE_DIR "/?/init.lua;"
-                        NIBBLE_LUA_BUILD_DIR "/?.lua;" NIBBLE_LUA_BUILD_DIR "/?/init.lua;"
-                        NIBBLE_LUA_INSTALL_DIR "/?.lua;" NIBBLE_LUA_INSTALL_DIR "/?/init.lua;%s",
-                        dflt ? dflt : "");
-    }
+    lua_pushfstring(L,
+                    "%s%s" NIBBLE_LUA_SOURCE_DIR "/?.lua;" NIBBLE_LUA_SOURCE_DIR "/?/init.lua;"
+                    NIBBLE_LUA_BUILD_DIR "/?.lua;" NIBBLE_LUA_BUILD_DIR "/?/init.lua;"
+                    NIBBLE_LUA_INSTALL_DIR "/?.lua;" NIBBLE_LUA_INSTALL_DIR "/?/init.lua;%s",
+                    extra ? extra : "", extra && *extra ? ";" : "", dflt ? dflt : "");
     lua_setfield(L, -3, "path");
     lua_pop(L, 2);
     /* package.preload["nibble.host"] */

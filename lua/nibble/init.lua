@@ -188,6 +188,7 @@ function M.cuda() return { built = C.nb_cuda_built() ~= 0, devices = C.nb_cuda_d
 -- ---- tensors ------------------------------------------------------------------------------------
 
 local TT = ffi.typeof("nb_lua_tensor")
+local TPP = ffi.typeof("nb_tensor **")
 local methods, getters = {}, {}
 local tensor_mt = {}
 
@@ -197,15 +198,25 @@ local function P(t)
   return p
 end
 
+-- Ownership moves must not be cut in half by Ctrl-C: the host's interrupt hook can raise at any
+-- VM instruction, so functions that move a reference between C and Lua (finalizers, wrap,
+-- release) are registered with the host, which holds the interrupt until they return.
+local function critical(fn)
+  if host and host.critical then host.critical(fn) end
+  return fn
+end
+M.critical = critical
+
 -- wrap(ptr [, retain]): the Lua tensor owning one reference to ptr (taken over, or retained
--- first when retain is true). Other modules wrap what their C calls return with it.
-local function wrap(p, retain)
+-- first when retain is true), for pointers C handed out. Prefer tcall for C calls that create
+-- tensors: it owns the result from the moment C stores it.
+local wrap = critical(function(p, retain)
   if p == nil then fail("wrap: NULL tensor") end
   if retain then C.nb_tensor_retain(p) end
   local t = TT(p)
   note_native()
   return t
-end
+end)
 M.wrap = wrap
 
 -- tcall(fn, ...): call fn(ctx, ..., out) for a C function with an `nb_tensor **out` last
@@ -216,10 +227,13 @@ local function tcall(fn, ...)
   for i = 1, n do
     if ffi.istype(TT, args[i]) then args[i] = P(args[i]) end
   end
-  local out = ffi.new("nb_tensor *[1]")
-  args[n + 1] = out
+  -- C writes the new tensor straight into the Lua object (its first field), so an error at any
+  -- later point (even Ctrl-C) leaves it owned and the finalizer releases it.
+  local t = TT()
+  args[n + 1] = ffi.cast(TPP, t)
   check(fn(CTX(), unpack(args, 1, n + 1)))
-  return wrap(out[0])
+  note_native()
+  return t
 end
 M.tcall = tcall
 
@@ -442,13 +456,13 @@ function methods.fill(t, v)
 end
 
 -- release(): drop this reference now instead of at garbage collection.
-function methods.release(t)
+methods.release = critical(function(t)
   local p = t.ptr
   if p ~= nil then
     t.ptr = nil
     C.nb_tensor_release(p)
   end
-end
+end)
 
 -- A contiguous f32/f64 pointer over t's values (converting when needed), kept alive by `keep`.
 local function values_ptr(p)
@@ -611,13 +625,7 @@ function tensor_mt.__len(t)
   return p.ndim > 0 and tonumber(p.shape[0]) or 0
 end
 
-function tensor_mt.__gc(t)
-  local p = t.ptr
-  if p ~= nil then
-    t.ptr = nil
-    C.nb_tensor_release(p)
-  end
-end
+tensor_mt.__gc = methods.release
 
 local okmt, errmt = pcall(ffi.metatype, TT, tensor_mt)
 if not okmt then error("nibble: the tensor metatype is already set (was nibble loaded twice?): " .. tostring(errmt)) end

@@ -88,21 +88,28 @@ local function gguf_row(g, i)
            ggml_type = num(info.type), params = params }
 end
 
+-- The handle lives in a one-slot box that C fills and whose finalizer closes it: ownership is
+-- never in flight where an error (Ctrl-C) could drop it.
+local close_gguf_box = nibble.critical(function(b)
+  local h = b[0]
+  if h ~= nil then b[0] = nil; C.nb_gguf_close(h) end
+end)
+local close_st_box = nibble.critical(function(b)
+  local h = b[0]
+  if h ~= nil then b[0] = nil; C.nb_st_close(h) end
+end)
+
 local function open_gguf(path)
-  local out = ffi.new("nb_gguf *[1]")
-  check(C.nb_gguf_open(nibble.ctx, path, out))
-  local g = ffi.gc(out[0], C.nb_gguf_close)
+  local box = ffi.gc(ffi.new("nb_gguf *[1]"), close_gguf_box)
+  check(C.nb_gguf_open(nibble.ctx, path, box))
+  local g = box[0]
   local names = {}
   for i = 0, num(C.nb_gguf_tensor_count(g)) - 1 do
     names[#names + 1] = ffi.string(C.nb_gguf_tensor_at(g, i).name)
   end
-  local src = { format = "gguf", path = path, handle = g, names = names }
+  local src = { format = "gguf", path = path, box = box, names = names }
   function src.find(name) local i = num(C.nb_gguf_find_tensor(g, name)); return i >= 0 and i or nil end
-  function src.get(name)
-    local o = ffi.new("nb_tensor *[1]")
-    check(C.nb_gguf_get(nibble.ctx, g, name, o))
-    return nibble.wrap(o[0])
-  end
+  function src.get(name) return nibble.tcall(C.nb_gguf_get, g, name) end
   function src.row(i) return gguf_row(g, i) end
   function src.metadata_list()
     local list = {}
@@ -112,7 +119,7 @@ local function open_gguf(path)
     end
     return list
   end
-  function src.close() ffi.gc(g, nil); C.nb_gguf_close(g) end
+  function src.close() close_gguf_box(box) end
   src.version = num(C.nb_gguf_version(g))
   return src
 end
@@ -132,18 +139,14 @@ local function st_row(st, i)
 end
 
 local function open_st(path)
-  local out = ffi.new("nb_st *[1]")
-  check(C.nb_st_open(nibble.ctx, path, out))
-  local st = ffi.gc(out[0], C.nb_st_close)
+  local box = ffi.gc(ffi.new("nb_st *[1]"), close_st_box)
+  check(C.nb_st_open(nibble.ctx, path, box))
+  local st = box[0]
   local names = {}
   for i = 0, num(C.nb_st_count(st)) - 1 do names[#names + 1] = ffi.string(C.nb_st_entry_at(st, i).name) end
-  local src = { format = "safetensors", path = path, handle = st, names = names }
+  local src = { format = "safetensors", path = path, box = box, names = names }
   function src.find(name) local i = num(C.nb_st_find(st, name)); return i >= 0 and i or nil end
-  function src.get(name)
-    local o = ffi.new("nb_tensor *[1]")
-    check(C.nb_st_get(nibble.ctx, st, name, o))
-    return nibble.wrap(o[0])
-  end
+  function src.get(name) return nibble.tcall(C.nb_st_get, st, name) end
   function src.row(i) return st_row(st, i) end
   function src.metadata_list()
     local list = {}
@@ -154,7 +157,7 @@ local function open_st(path)
     end
     return list
   end
-  function src.close() ffi.gc(st, nil); C.nb_st_close(st) end
+  function src.close() close_st_box(box) end
   return src
 end
 

@@ -308,12 +308,15 @@ describe("Ctrl-C", function()
   end)
 
   it("returns to the REPL prompt, and drops a half-typed chunk", function()
-    local feed = ("{ echo 'x = 0'; echo 'while true do local t = nibble.zeros(\"f32\", 8); x = x + 1 end'; sleep 1; "
-      .. "kill -INT $(cat %s); sleep 0.5; echo 'print(\"alive\", x > 0)'; echo 'for i = 1, 3 do'; sleep 0.5; "
+    -- and no tensor leaks: the live native bytes come back to where they were
+    local feed = ("{ echo 'x = 0 collectgarbage() base = nibble.mem().live'; "
+      .. "echo 'while true do local t = nibble.zeros(\"f32\", 8):view(2, 4):t() x = x + 1 end'; sleep 1; "
+      .. "kill -INT $(cat %s); sleep 0.5; echo 'collectgarbage() print(\"alive\", x > 0, nibble.mem().live - base)'; "
+      .. "echo 'for i = 1, 3 do'; sleep 0.5; "
       .. "kill -INT $(cat %s); sleep 0.5; echo 'print(\"after\")'; }"):format(pidfile, pidfile)
     local out, err, code = nbspec.sh(feed .. " | " .. bin_with_pid())
     assert.are.equal(0, code, err)
-    assert.are.equal("alive\ttrue\nafter\n", out)
+    assert.are.equal("alive\ttrue\t0\nafter\n", out)
     assert.truthy(has(err, "nibble: interrupted\n"), err)
   end)
 
@@ -343,9 +346,26 @@ describe("Ctrl-C", function()
   end)
 end)
 
+describe("examples/hello.lua", function()
+  it("summarizes stories260K from the default path and from arg.model", function()
+    if not need(hf and gguf_path) then return end
+    local out, err, code = run({ "run", nbspec.source_dir .. "/examples/hello.lua" })
+    assert.are.equal(0, code, err)
+    assert.truthy(has(out, "safetensors, 47 tensors, 260,032 parameters, 1,040,128 bytes"), out)
+    assert.truthy(has(out, "LlamaForCausalLM: dim 64, 5 layers, 8 heads (4 for k/v)"), out)
+    assert.truthy(out:find("\nmodel%.norm%.weight +f32 +{64} +1%.8118 +0%.5779 +4%.4251\n"), out)
+    assert.truthy(has(out, "largest tensor: model.embed_tokens.weight (32,768 values)"), out)
+    out, err, code = run({ "run", nbspec.source_dir .. "/examples/hello.lua", "model=" .. gguf_path })
+    assert.are.equal(0, code, err)
+    assert.truthy(has(out, "gguf, 48 tensors, 292,800 parameters"), out)
+    assert.truthy(has(out, "llama: dim 64, 5 layers, 8 heads (4 for k/v)"), out)
+  end)
+end)
+
 describe("plain luajit", function()
   it("finds libnibble through the path baked into nibble.buildinfo", function()
-    local cmd = "env -u NIBBLE_LIB luajit -e 'local n = require(\"nibble\"); print(n.libpath, #n.zeros(\"f32\", 3))'"
+    local cmd = nbspec.luajit_prefix()
+      .. "env -u NIBBLE_LIB luajit -e 'local n = require(\"nibble\"); print(n.libpath, #n.zeros(\"f32\", 3))'"
     local out, err, code = nbspec.sh(cmd)
     assert.are.equal(0, code, err)
     assert.are.equal(require("nibble.buildinfo").lib .. "\t3\n", out)

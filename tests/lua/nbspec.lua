@@ -52,8 +52,16 @@ function M.mkdtemp()
   return d
 end
 
+-- In sanitizer builds the busted process runs with the ASan runtime preloaded (it loads the
+-- instrumented libnibble); children must not inherit it, except a luajit that loads libnibble.
+local asan = os.getenv("NIBBLE_ASAN_PRELOAD")
+function M.luajit_prefix()
+  return asan and ("LD_PRELOAD=" .. M.quote(asan) .. " ") or ""
+end
+
 -- Run a shell command line; returns stdout, stderr, exit code (128+n for a signal).
 function M.sh(cmdline, stdin)
+  if asan then cmdline = "unset LD_PRELOAD; " .. cmdline end
   local out, err, rc, inp = M.tmpname(".out"), M.tmpname(".err"), M.tmpname(".rc"), nil
   local redirect = "</dev/null"
   if stdin then
