@@ -10,6 +10,7 @@
 #include "nibble/ctx.h"
 #include "nibble/model.h"
 #include "nibble/quant.h"
+#include "nibble/safetensors.h"
 
 typedef struct nb_qmodel nb_qmodel;
 
@@ -100,5 +101,30 @@ const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i);
  * needs a qmodel over a model of the same architecture; it replaces specs, state and weights. */
 nb_status nb_qmodel_save(nb_ctx *ctx, const nb_qmodel *qm, const char *path);
 nb_status nb_qmodel_restore(nb_ctx *ctx, nb_qmodel *qm, const char *path);
+
+/* --- read-back of exported checkpoints -------------------------------------------------------- */
+/* How one linear module is stored in an exported checkpoint (either layout), recognised from its
+ * tensors alone: NVFP4 (`weight` or `weight_packed` U8 [o, i/2] + `weight_scale` F8_E4M3 [o, i/16] +
+ * `weight_scale_2` F32, or CT's inverse `weight_global_scale`), MXFP8 (`weight` F8_E4M3 + `weight_scale`
+ * U8 [o, i/32]), FP8 per tensor or per channel (`weight` F8_E4M3 + `weight_scale` F32/BF16/F16 with one
+ * value or one per row). */
+typedef struct nb_readback_info {
+    int32_t format;          /* nb_qformat of the weight; NB_FMT_NONE: a plain float weight */
+    int32_t layout;          /* NB_LAYOUT_*: compressed-tensors when the names or inverse scales say so */
+    int32_t input_format;    /* NB_FMT_NVFP4 / NB_FMT_FP8_TENSOR when an input scale is stored, else NONE */
+    float input_scale;       /* in ModelOpt's convention (amax/448 for FP8, amax/(6*448) for NVFP4); 0 if none */
+} nb_readback_info;
+
+/* Fill *info for module `module` (an HF module name such as "model.layers.0.mlp.up_proj"). A module
+ * whose weight is quantized but whose scales are missing or misshapen is NB_ERR_FORMAT, naming it. */
+nb_status nb_readback_probe(nb_ctx *ctx, nb_st *st, const char *module, nb_readback_info *info);
+/* Dequantize the module's weight [rows, cols] into out (float32, row-major) the way the serving
+ * loaders do: NVFP4 e2m1 * e4m3 scale * weight_scale_2 (CT: * (1 / weight_global_scale)), MXFP8
+ * e4m3 * 2^(code - 127), FP8 e4m3 * weight_scale. The arithmetic is the quantizer's own dequantize
+ * row, so a ModelOpt-layout read-back equals the fake quant that calibrated it bit for bit.
+ * used (may be NULL) has one flag per file tensor (nb_st_entry_at order): every tensor of the
+ * module it consumed (scales, input scales) is set to 1. */
+nb_status nb_readback_weight(nb_ctx *ctx, nb_st *st, const char *module, int64_t rows, int64_t cols, float *out,
+                             char *used);
 
 #endif

@@ -1,0 +1,177 @@
+/* Read-back of exported checkpoints: recognise how a linear module's weight was stored (ModelOpt or
+ * compressed-tensors layout; NVFP4, MXFP8, FP8) and dequantize it as the serving loaders do, so that
+ * `nibble eval` measures what ships. The model loader calls this for every weight that is not a plain
+ * float tensor; the arithmetic is the quantizer's own dequantize row (quant/qtensor.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "nibble/qmodel.h"
+
+static int64_t find2(nb_st *st, const char *module, const char *suffix, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s.%s", module, suffix);
+    return nb_st_find(st, buf);
+}
+
+static const nb_st_entry *entry(nb_st *st, const char *module, const char *suffix, int64_t *idx) {
+    char name[1200];
+    int64_t i = find2(st, module, suffix, name, sizeof name);
+    if (idx) *idx = i;
+    return i >= 0 ? nb_st_entry_at(st, i) : NULL;
+}
+
+static int64_t numel_of(const nb_st_entry *e) {
+    int64_t n = 1;
+    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    return n;
+}
+
+static int is_float_dt(nb_dtype dt) { return dt == NB_F32 || dt == NB_BF16 || dt == NB_F16; }
+
+/* One float value of a 0-d / [1] tensor, in float32 (BF16/F16 scales widen exactly). */
+static nb_status read_scalar(nb_ctx *ctx, nb_st *st, const char *module, const char *suffix, float *out) {
+    char name[1200];
+    snprintf(name, sizeof name, "%s.%s", module, suffix);
+    nb_tensor *t = NULL;
+    nb_status s = nb_st_get(ctx, st, name, &t);
+    if (s) return s;
+    if (nb_tensor_numel(t) != 1 || !is_float_dt(t->dtype)) {
+        nb_tensor_release(t);
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s must hold one float value", name);
+    }
+    s = nb_convert(out, NB_F32, nb_tensor_data(t), t->dtype, 1);
+    nb_tensor_release(t);
+    return s;
+}
+
+nb_status nb_readback_probe(nb_ctx *ctx, nb_st *st, const char *module, nb_readback_info *info) {
+    memset(info, 0, sizeof *info);
+    info->format = NB_FMT_NONE;
+    info->input_format = NB_FMT_NONE;
+    info->layout = NB_LAYOUT_MODELOPT;
+    const nb_st_entry *w = entry(st, module, "weight", NULL);
+    const nb_st_entry *wp = entry(st, module, "weight_packed", NULL);
+    if (wp) {
+        w = wp;
+        info->layout = NB_LAYOUT_COMPRESSED_TENSORS;
+    }
+    if (!w || is_float_dt(w->dtype)) return NB_OK;
+    const nb_st_entry *sc = entry(st, module, "weight_scale", NULL);
+    if (!sc) return nb_fail(ctx, NB_ERR_FORMAT, "%s: the weight is %s but there is no %s.weight_scale", module,
+                            nb_dtype_info(w->dtype)->st_name, module);
+    if (w->ndim != 2 || sc->ndim > 2)
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s: a quantized weight must be 2-d (has %d dims)", module, (int)w->ndim);
+    int64_t rows = w->shape[0];
+    if (w->dtype == NB_U8 && sc->dtype == NB_E4M3) {
+        const nb_st_entry *s2 = entry(st, module, "weight_scale_2", NULL);
+        const nb_st_entry *gs = entry(st, module, "weight_global_scale", NULL);
+        if (gs) info->layout = NB_LAYOUT_COMPRESSED_TENSORS;
+        if (!s2 && !gs)
+            return nb_fail(ctx, NB_ERR_FORMAT, "%s: NVFP4 weight without weight_scale_2 (ModelOpt) or weight_global_scale "
+                           "(compressed-tensors)", module);
+        if (sc->ndim != 2 || sc->shape[0] != rows || sc->shape[1] * NB_NVFP4_BLOCK != w->shape[1] * 2)
+            return nb_fail(ctx, NB_ERR_FORMAT, "%s: NVFP4 weight_scale must be [%lld, %lld]", module, (long long)rows,
+                           (long long)(w->shape[1] * 2 / NB_NVFP4_BLOCK));
+        info->format = NB_FMT_NVFP4;
+    } else if (w->dtype == NB_E4M3 && (sc->dtype == NB_U8 || sc->dtype == NB_E8M0) && sc->ndim == 2) {
+        if (sc->shape[0] != rows || sc->shape[1] * NB_MXFP8_BLOCK != w->shape[1])
+            return nb_fail(ctx, NB_ERR_FORMAT, "%s: MXFP8 weight_scale must be [%lld, %lld]", module, (long long)rows,
+                           (long long)(w->shape[1] / NB_MXFP8_BLOCK));
+        info->format = NB_FMT_MXFP8;
+    } else if (w->dtype == NB_E4M3 && is_float_dt(sc->dtype)) {
+        int64_t n = numel_of(sc);
+        if (n == 1) info->format = NB_FMT_FP8_TENSOR;
+        else if (n == rows) info->format = NB_FMT_FP8_CHANNEL;
+        else return nb_fail(ctx, NB_ERR_FORMAT, "%s: FP8 weight_scale has %lld values (1 or one per row expected)", module,
+                            (long long)n);
+        if (info->format == NB_FMT_FP8_TENSOR && (sc->ndim != 0 || sc->dtype != NB_F32))
+            info->layout = NB_LAYOUT_COMPRESSED_TENSORS;   /* CT keeps [1] scales in the model dtype */
+    } else {
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: weight %s with weight_scale %s is not a layout nibble reads", module,
+                       nb_dtype_info(w->dtype)->st_name, nb_dtype_info(sc->dtype)->st_name);
+    }
+    /* the activation scale, in ModelOpt's convention */
+    nb_status s;
+    float v;
+    if (entry(st, module, "input_global_scale", NULL)) {
+        if ((s = read_scalar(ctx, st, module, "input_global_scale", &v))) return s;
+        info->input_format = NB_FMT_NVFP4;
+        info->input_scale = 1.0f / v;
+    } else if (entry(st, module, "input_scale", NULL)) {
+        if ((s = read_scalar(ctx, st, module, "input_scale", &v))) return s;
+        info->input_format = info->format == NB_FMT_NVFP4 ? NB_FMT_NVFP4 : NB_FMT_FP8_TENSOR;
+        info->input_scale = v;
+    }
+    return NB_OK;
+}
+
+static void mark(nb_st *st, const char *module, const char *suffix, char *used) {
+    char name[1200];
+    int64_t i = find2(st, module, suffix, name, sizeof name);
+    if (used && i >= 0) used[i] = 1;
+}
+
+nb_status nb_readback_weight(nb_ctx *ctx, nb_st *st, const char *module, int64_t rows, int64_t cols, float *out,
+                             char *used) {
+    nb_readback_info info;
+    nb_status s = nb_readback_probe(ctx, st, module, &info);
+    if (s) return s;
+    if (info.format == NB_FMT_NONE) return nb_fail(ctx, NB_ERR_INVALID, "%s: the weight is not quantized", module);
+    char name[1200];
+    int packed = find2(st, module, "weight_packed", name, sizeof name) >= 0;
+    if (!packed) snprintf(name, sizeof name, "%s.weight", module);
+    nb_tensor *data = NULL, *scale = NULL, *scale2 = NULL, *tmp = NULL, *outt = NULL;
+    nb_qtensor *q = NULL;
+    if ((s = nb_st_get(ctx, st, name, &data))) goto done;
+    int64_t want_cols = info.format == NB_FMT_NVFP4 ? data->shape[1] * 2 : data->shape[1];
+    if (data->shape[0] != rows || want_cols != cols) {
+        s = nb_fail(ctx, NB_ERR_SHAPE, "%s has shape [%lld, %lld] (logical [%lld, %lld]); the config needs [%lld, %lld]", name,
+                    (long long)data->shape[0], (long long)data->shape[1], (long long)data->shape[0], (long long)want_cols,
+                    (long long)rows, (long long)cols);
+        goto done;
+    }
+    if (data->dtype == NB_U8 && info.format != NB_FMT_NVFP4) {
+        s = nb_fail(ctx, NB_ERR_FORMAT, "%s: unexpected U8 data", name);
+        goto done;
+    }
+    snprintf(name, sizeof name, "%s.weight_scale", module);
+    if ((s = nb_st_get(ctx, st, name, &scale))) goto done;
+    if (info.format == NB_FMT_NVFP4) {
+        float v;
+        int ct = entry(st, module, "weight_global_scale", NULL) != NULL;
+        if ((s = read_scalar(ctx, st, module, ct ? "weight_global_scale" : "weight_scale_2", &v))) goto done;
+        /* compressed-tensors stores the inverse; its loaders divide once in float32 */
+        float s2 = ct ? 1.0f / v : v;
+        int64_t one = 1;
+        if ((s = nb_tensor_new(ctx, NB_F32, 0, &one, &scale2))) goto done;
+        *(float *)nb_tensor_data(scale2) = s2;
+    } else if (info.format == NB_FMT_FP8_TENSOR || info.format == NB_FMT_FP8_CHANNEL) {
+        if (scale->dtype != NB_F32 || !nb_tensor_is_contiguous(scale)) {
+            if ((s = nb_tensor_to(ctx, scale, NB_F32, &tmp))) goto done;
+            nb_tensor_release(scale);
+            scale = tmp;
+            tmp = NULL;
+        }
+    } else if (info.format == NB_FMT_MXFP8 && scale->dtype == NB_E8M0) {
+        /* same bytes, the qtensor reads them as U8 biased exponents */
+    }
+    if ((s = nb_qtensor_wrap(ctx, (nb_qformat)info.format, data, scale, scale2, &q))) goto done;
+    int64_t shape[2] = {rows, cols};
+    nb_buffer *b = NULL;
+    if ((s = nb_buffer_wrap(ctx, out, (size_t)(rows * cols) * sizeof(float), NULL, NULL, &b))) goto done;
+    s = nb_tensor_wrap(ctx, b, NB_F32, 2, shape, 0, &outt);
+    nb_buffer_release(b);
+    if (s) goto done;
+    if ((s = nb_qtensor_dequantize_into(ctx, q, outt))) goto done;
+    mark(st, module, packed ? "weight_packed" : "weight", used);
+    static const char *const extra[] = {"weight_scale", "weight_scale_2", "weight_global_scale", "input_scale",
+                                        "input_global_scale", "k_scale", "v_scale", NULL};
+    for (int k = 0; extra[k]; k++) mark(st, module, extra[k], used);
+done:
+    nb_qtensor_release(q);
+    nb_tensor_release(outt);
+    nb_tensor_release(data);
+    nb_tensor_release(scale);
+    nb_tensor_release(scale2);
+    nb_tensor_release(tmp);
+    return s;
+}
