@@ -16,9 +16,12 @@
 #include "nibble/ops.h"
 #include "nibble/model.h"
 #include "nibble/quant.h"
+#include "nibble/quant_fast.h"
+#include "nibble/quant_cuda.h"
 #include "nibble/parambuf.h"
 #include "nibble/distill.h"
 #include "nibble/optim.h"
 #include "nibble/data.h"
+#include "nibble/qad.h"
 
 #endif
