@@ -153,6 +153,20 @@ static void test_fixtures(nb_ctx *ctx, const nb_tokenizer *tok) {
         free(all);
         nb_dataset_release(ds);
     }
+    /* blank-line splitting at the edges: leading blank lines, CRLF, no newline at the end */
+    nb_dataset *d1, *d2;
+    const char *edge = TMP("edge.txt", "\n \n  a\r\nb  \r\n\r\n c");
+    d1 = load(ctx, tok, edge, NULL);
+    d2 = NULL;
+    CHECK_OK(ctx, nb_dataset_new(ctx, &d2));
+    CHECK_OK(ctx, nb_dataset_add_text(ctx, d2, tok, "a\r\nb", 4, NULL));
+    CHECK_OK(ctx, nb_dataset_add_text(ctx, d2, tok, "c", 1, NULL));
+    if (d1 && d2) {
+        CHECK_EQ_INT(nb_dataset_n_docs(d1), 2);
+        CHECK_EQ_INT(nb_dataset_fingerprint(d1), nb_dataset_fingerprint(d2));
+    }
+    nb_dataset_release(d1);
+    nb_dataset_release(d2);
     /* BOS / EOS switched off */
     nb_data_opts_init(&o);
     o.add_bos = 0;
@@ -166,7 +180,8 @@ static void test_fixtures(nb_ctx *ctx, const nb_tokenizer *tok) {
     /* a UTF-8 byte order mark and CRLF line ends change nothing */
     const char *crlf = TMP("crlf.jsonl", "\xEF\xBB\xBF{\"text\": \"Once upon a time, there was a little cat.\"}\r\n\r\n"
                                          "{\"prompt\": \"Tom had a red ball.\", \"completion\": \" He gave it to Sue.\"}\r\n");
-    nb_dataset *d1 = load(ctx, tok, crlf, NULL), *d2 = load(ctx, tok, nbt_src("tests/data/mixed.jsonl"), NULL);
+    d1 = load(ctx, tok, crlf, NULL);
+    d2 = load(ctx, tok, nbt_src("tests/data/mixed.jsonl"), NULL);
     if (d1 && d2) {
         int64_t n = nb_dataset_doc_start(d2, 2);
         CHECK_EQ_INT(nb_dataset_n_tokens(d1), n);
