@@ -1,0 +1,496 @@
+-- nibble.model: Llama-family models (llama, mistral, qwen2, qwen3) from a Hugging Face directory or
+-- a GGUF file, as Lua objects over libnibble's nb_model: config, modules and parameters by HF name
+-- or glob, forward (logits, hidden states), backward and LM steps, linear hooks, generation and
+-- llama.cpp-style perplexity / KL evaluation. Token ids are the model's (0-based) ids.
+local ffi = require("ffi")
+local nibble = require("nibble")
+local C, check, fail = nibble.C, nibble.check, nibble.fail
+
+local M = {}
+local Model = {}
+Model.__index = Model
+
+local arch_names = { [0] = "llama", "mistral", "qwen2", "qwen3" }
+local arch_enum = { llama = 0, mistral = 1, qwen2 = 2, qwen3 = 3 }
+local kind_names = { [0] = "container", "embedding", "linear", "rmsnorm" }
+local role_names = { [0] = "q", "k", "v", "o", "gate", "up", "down", "lm_head" }
+local format_names = { [0] = "memory", "hf", "gguf" }
+local rope_names = { [0] = "default", "linear", "llama3", "freq_factors" }
+local rope_enum = { default = 0, linear = 1, llama3 = 2, freq_factors = 3 }
+
+local function ptr(m)
+  local p = rawget(m, "_p")
+  if p == nil then fail("model was freed") end
+  return p
+end
+
+local function config_table(c)
+  local eos = {}
+  for i = 0, c.n_eos - 1 do eos[#eos + 1] = c.eos_token_ids[i] end
+  return {
+    arch = arch_names[c.arch], vocab_size = tonumber(c.vocab_size), hidden_size = tonumber(c.hidden_size),
+    intermediate_size = tonumber(c.intermediate_size), n_layers = tonumber(c.n_layers),
+    n_heads = tonumber(c.n_heads), n_kv_heads = tonumber(c.n_kv_heads), head_dim = tonumber(c.head_dim),
+    max_position = tonumber(c.max_position), rms_eps = c.rms_eps, rope_theta = c.rope_theta,
+    rope = rope_names[c.rope_kind], rope_factor = c.rope_factor, rope_low_freq_factor = c.rope_low_freq_factor,
+    rope_high_freq_factor = c.rope_high_freq_factor,
+    rope_original_max_position = tonumber(c.rope_original_max_position),
+    qkv_bias = c.qkv_bias ~= 0, o_bias = c.o_bias ~= 0, mlp_bias = c.mlp_bias ~= 0, qk_norm = c.qk_norm ~= 0,
+    tied = c.tied ~= 0, sliding_window = tonumber(c.sliding_window),
+    bos = c.bos_token_id >= 0 and c.bos_token_id or nil, eos = eos,
+  }
+end
+
+local function wrap_model(p, path)
+  local m = setmetatable({ _p = p, _hooks = {} }, Model)
+  nibble.note_native()
+  local c = C.nb_model_get_config(p)
+  m.config = config_table(c)
+  m.path = path or ffi.string(C.nb_model_path(p))
+  m.format = format_names[C.nb_model_format_of(p)]
+  m.arch = m.config.arch
+  m.tied = m.config.tied
+  return m
+end
+
+-- load(path): a HF directory (config.json + safetensors) or a .gguf file.
+function M.load(path)
+  if type(path) ~= "string" then fail("model.load: expected a path, got " .. type(path)) end
+  local out = ffi.new("nb_model *[1]")
+  check(C.nb_model_load(nibble.context(), path, out))
+  return wrap_model(ffi.gc(out[0], C.nb_model_free), path)
+end
+
+-- new(config [, {seed=, std=}]): a model built in memory (fields as in m.config; unset fields take
+-- nb_model_config_init's small defaults). With opts, weights are Normal(0, std) from seed.
+function M.new(cfg, opts)
+  cfg = cfg or {}
+  local c = ffi.new("nb_model_config")
+  C.nb_model_config_init(c)
+  for k, v in pairs(cfg) do
+    if k == "arch" then
+      local a = arch_enum[v]
+      if not a then fail("model.new: unknown arch '" .. tostring(v) .. "' (llama, mistral, qwen2, qwen3)") end
+      c.arch = a
+    elseif k == "rope" then
+      local r = rope_enum[v]
+      if not r then fail("model.new: unknown rope '" .. tostring(v) .. "'") end
+      c.rope_kind = r
+    elseif k == "bos" then c.bos_token_id = v
+    elseif k == "eos" then
+      local list = type(v) == "table" and v or { v }
+      c.n_eos = #list
+      for i, e in ipairs(list) do c.eos_token_ids[i - 1] = e end
+    elseif type(v) == "boolean" then c[k] = v and 1 or 0
+    else
+      local ok = pcall(function() c[k] = v end)
+      if not ok then fail("model.new: unknown config field '" .. tostring(k) .. "'") end
+    end
+  end
+  local out = ffi.new("nb_model *[1]")
+  check(C.nb_model_new(nibble.context(), c, out))
+  local m = wrap_model(ffi.gc(out[0], C.nb_model_free), "")
+  if opts then m:init_random(opts.seed or 0, opts.std or 0.02) end
+  return m
+end
+
+function M.is_model(x) return getmetatable(x) == Model end
+
+function Model:init_random(seed, std)
+  check(C.nb_model_init_random(nibble.context(), ptr(self), seed or 0, std or 0.02))
+  return self
+end
+
+function Model:free()
+  local p = rawget(self, "_p")
+  if p ~= nil then
+    for name in pairs(self._hooks) do self:set_hook(name, nil) end
+    ffi.gc(p, nil)
+    C.nb_model_free(p)
+    self._p = nil
+  end
+end
+
+function Model:__tostring()
+  local c = self.config
+  return ("nibble.model(%s, %d layers, hidden %d, heads %d/%d, vocab %d%s, %s%s)"):format(c.arch, c.n_layers,
+    c.hidden_size, c.n_heads, c.n_kv_heads, c.vocab_size, c.tied and ", tied" or "", self.format,
+    self.path ~= "" and (": " .. self.path) or "")
+end
+
+-- ---- modules and parameters ---------------------------------------------------------------------
+
+local function module_record(m, i)
+  local p = ptr(m)
+  local r = { index = i, name = ffi.string(C.nb_model_module_name(p, i)),
+              kind = kind_names[C.nb_model_module_kind(p, i)] }
+  if r.kind == "linear" then
+    local li = ffi.new("nb_linear_info")
+    check(C.nb_model_linear_info(nibble.context(), p, i, li))
+    r.in_features, r.out_features = tonumber(li.in_features), tonumber(li.out_features)
+    r.layer = li.layer >= 0 and li.layer or nil
+    r.role = role_names[li.role]
+    r.bias = li.has_bias ~= 0
+    r.tied = li.tied ~= 0
+    r.weight = ffi.string(C.nb_model_param_name(p, li.weight_param))
+  end
+  return r
+end
+
+-- modules([glob]): the modules (in HF named_modules order) whose name matches the glob ('*' also
+-- crosses dots): { {name=, kind="linear"|"rmsnorm"|"embedding"|"container", index=, ...}, ... }.
+-- Linear modules also carry in_features, out_features, layer, role, bias, tied, weight (param name).
+function Model:modules(glob)
+  local p, out = ptr(self), {}
+  for i = 0, tonumber(C.nb_model_module_count(p)) - 1 do
+    if glob == nil or C.nb_glob_match(glob, C.nb_model_module_name(p, i)) ~= 0 then
+      out[#out + 1] = module_record(self, i)
+    end
+  end
+  return out
+end
+
+-- module(name): one module's record; an error names the missing module.
+function Model:module(name)
+  local i = C.nb_model_find_module(ptr(self), name)
+  if i < 0 then fail("model has no module '" .. tostring(name) .. "'") end
+  return module_record(self, tonumber(i))
+end
+
+-- params([glob]): the parameter names matching the glob, in state-dict order.
+function Model:params(glob)
+  local p, out = ptr(self), {}
+  for i = 0, tonumber(C.nb_model_param_count(p)) - 1 do
+    local n = C.nb_model_param_name(p, i)
+    if glob == nil or C.nb_glob_match(glob, n) ~= 0 then out[#out + 1] = ffi.string(n) end
+  end
+  return out
+end
+
+local function param_index(m, name)
+  local i = C.nb_model_find_param(ptr(m), name)
+  if i < 0 then fail("model has no parameter '" .. tostring(name) .. "'") end
+  return i
+end
+
+-- param(name): the float32 parameter as a tensor (a view: writing it changes the model).
+-- With tied embeddings "lm_head.weight" is model.embed_tokens.weight.
+function Model:param(name)
+  return nibble.wrap(C.nb_model_param(ptr(self), param_index(self, name)), true)
+end
+
+-- grad(name): its gradient tensor, or nil before the first backward.
+function Model:grad(name)
+  local g = C.nb_model_grad(ptr(self), param_index(self, name))
+  if g == nil then return nil end
+  return nibble.wrap(g, true)
+end
+
+-- src_dtype(name): the dtype name the file stored ("f32", "bf16", "f16"), or "quantized".
+function Model:src_dtype(name)
+  local d = C.nb_model_param_src_dtype(ptr(self), param_index(self, name))
+  return d < 0 and "quantized" or nibble.dtype_name(d)
+end
+
+function Model:zero_grad() C.nb_model_zero_grad(ptr(self)) end
+
+-- requires_grad(glob, flag): freeze (false) or unfreeze parameters; returns how many matched.
+function Model:requires_grad(glob, flag)
+  return tonumber(C.nb_model_set_requires_grad(ptr(self), glob, flag == false and 0 or 1))
+end
+
+function Model:set_recompute(on) C.nb_model_set_recompute(ptr(self), on and 1 or 0) end
+
+-- ---- tokens -------------------------------------------------------------------------------------
+
+-- tokens: {id, ...} (one sequence), {{...}, {...}} (a batch of equal lengths), an nb_tokens, or an
+-- int32 tensor [T] / [B, T]. Returns int32_t*, B, T and what keeps the memory alive.
+local function tokens_arg(tokens)
+  if ffi.istype("nb_tokens", tokens) then return tokens.ids, 1, tonumber(tokens.n), tokens end
+  if nibble.is_tensor(tokens) then
+    if nibble.dtype_name(tokens.ptr.dtype) ~= "i32" or not tokens:is_contiguous() then
+      fail("tokens: expected a contiguous i32 tensor")
+    end
+    local nd = tokens:dim()
+    local B = nd == 2 and tokens:size(1) or 1
+    local T = nd == 2 and tokens:size(2) or tokens:numel()
+    return tokens:data("int32_t *"), B, T, tokens
+  end
+  if type(tokens) ~= "table" or #tokens == 0 then fail("tokens: expected a non-empty table of ids") end
+  local rows = type(tokens[1]) == "table" and tokens or { tokens }
+  local B, T = #rows, #rows[1]
+  local buf = ffi.new("int32_t[?]", math.max(B * T, 1))
+  for b = 1, B do
+    local r = rows[b]
+    if type(r) ~= "table" or #r ~= T then fail(("tokens: row %d has %s ids, expected %d"):format(b, type(r) == "table" and #r or "no", T)) end
+    for t = 1, T do
+      local v = r[t]
+      if type(v) ~= "number" then fail(("tokens: element [%d][%d] is %s, not an id"):format(b, t, type(v))) end
+      buf[(b - 1) * T + t - 1] = v
+    end
+  end
+  return buf, B, T, buf
+end
+M.tokens_arg = tokens_arg
+
+-- ---- forward and backward -----------------------------------------------------------------------
+
+-- forward(tokens [, opts]): logits as a tensor [rows, vocab]. opts.last = true keeps only the last
+-- position of each sequence; opts.start = k keeps positions k.. (0-based); opts.hidden = true also
+-- returns the list of n_layers+1 hidden states [B*T, hidden] (HF output_hidden_states);
+-- opts.train = true keeps what backward needs; opts.logits = false computes no logits.
+function Model:forward(tokens, opts)
+  opts = opts or {}
+  local p = ptr(self)
+  local ids, B, T, keep = tokens_arg(tokens)
+  local V, D, L = self.config.vocab_size, self.config.hidden_size, self.config.n_layers
+  local fo = ffi.new("nb_forward_opts")
+  local start = opts.last and (T - 1) or (opts.start or 0)
+  fo.logits_start = start
+  fo.train = opts.train and 1 or 0
+  local logits
+  if opts.logits ~= false then
+    logits = nibble.zeros("f32", B * (T - start), V)
+    fo.logits = logits:data("float *")
+  end
+  local hidden, hptrs
+  if opts.hidden then
+    hidden = {}
+    hptrs = ffi.new("float *[?]", L + 1)
+    for l = 1, L + 1 do
+      hidden[l] = nibble.zeros("f32", B * T, D)
+      hptrs[l - 1] = hidden[l]:data("float *")
+    end
+    fo.hidden = hptrs
+  end
+  check(C.nb_model_forward(nibble.context(), p, ids, B, T, fo))
+  local _ = keep
+  if opts.train then self._train = { B = B, T = T, start = start } end
+  return logits, hidden
+end
+
+-- backward(dlogits [, dhidden]): accumulate parameter gradients for the last forward{train=true};
+-- dlogits is a tensor shaped like its logits (or nil), dhidden an optional list like its hidden.
+function Model:backward(dlogits, dhidden)
+  local bo = ffi.new("nb_backward_opts")
+  if dlogits ~= nil then bo.dlogits = dlogits:contiguous():data("float *") end
+  local keep
+  if dhidden then
+    local L = self.config.n_layers
+    keep = ffi.new("const float *[?]", L + 1)
+    for l = 1, L + 1 do
+      if dhidden[l] then keep[l - 1] = dhidden[l]:data("float *") end
+    end
+    bo.dhidden = keep
+  end
+  check(C.nb_model_backward(nibble.context(), ptr(self), bo, nil))
+  local _ = keep
+end
+
+-- lm_step(tokens [, targets]): forward + backward of the mean next-token cross-entropy (targets
+-- default to the tokens shifted by one; -100 skips a position). Gradients accumulate; returns the loss.
+function Model:lm_step(tokens, targets)
+  local ids, B, T, keep = tokens_arg(tokens)
+  local tg, keep2 = nil, nil
+  if targets then
+    local tids, tB, tT
+    tids, tB, tT, keep2 = tokens_arg(targets)
+    if tB * tT ~= B * T then fail("lm_step: targets must have as many entries as tokens") end
+    tg = tids
+  end
+  local loss = ffi.new("double[1]")
+  check(C.nb_model_lm_step(nibble.context(), ptr(self), ids, B, T, tg, loss))
+  local _ = { keep, keep2 }
+  return loss[0]
+end
+
+-- ---- hooks ----------------------------------------------------------------------------------------
+
+-- set_hook(module_name, hook): hook is an nb_linear_hook cdata (C functions, e.g. a quantizer's),
+-- a table {weight = function(w, w_out, rows, cols), input = function(x, rows, cols, pass)} of Lua
+-- functions receiving float* (return nothing or a status), or nil to clear it.
+function Model:set_hook(name, hook)
+  local p = ptr(self)
+  local i = C.nb_model_find_module(p, name)
+  if i < 0 then fail("model has no module '" .. tostring(name) .. "'") end
+  local old = self._hooks[name]
+  if hook == nil then
+    check(C.nb_model_set_linear_hook(nibble.context(), p, i, nil))
+  elseif ffi.istype("nb_linear_hook", hook) then
+    check(C.nb_model_set_linear_hook(nibble.context(), p, i, hook))
+    self._hooks[name] = { cdata = hook }
+  elseif type(hook) == "table" then
+    local h = ffi.new("nb_linear_hook")
+    local rec = { cdata = h }
+    if hook.weight then
+      local fn = hook.weight
+      rec.wcb = ffi.cast("nb_status (*)(nb_ctx *, void *, const float *, float *, int64_t, int64_t)",
+        function(_, _, w, wo, rows, cols) return fn(w, wo, tonumber(rows), tonumber(cols)) or 0 end)
+      h.weight = rec.wcb
+    end
+    if hook.input then
+      local fn = hook.input
+      rec.icb = ffi.cast("nb_status (*)(nb_ctx *, void *, float *, int64_t, int64_t, int32_t)",
+        function(_, _, x, rows, cols, pass) return fn(x, tonumber(rows), tonumber(cols), pass) or 0 end)
+      h.input = rec.icb
+    end
+    check(C.nb_model_set_linear_hook(nibble.context(), p, i, h))
+    self._hooks[name] = rec
+  else
+    fail("set_hook: expected an nb_linear_hook, a table of functions or nil")
+  end
+  if old and old ~= self._hooks[name] then
+    if old.wcb then old.wcb:free() end
+    if old.icb then old.icb:free() end
+  end
+  if hook == nil then self._hooks[name] = nil end
+end
+
+-- ---- tokenizer, generation, evaluation --------------------------------------------------------------
+
+-- tokenizer(): the tokenizer stored with the model (tokenizer.json beside config.json, or the
+-- GGUF's vocabulary), loaded once.
+function Model:tokenizer()
+  local t = rawget(self, "_tok")
+  if not t then
+    if self.path == "" then fail("model has no files to load a tokenizer from") end
+    t = nibble.tokenizer.load(self.path)
+    self._tok = t
+  end
+  return t
+end
+
+local function sample_opts(o)
+  local so = ffi.new("nb_sample_opts")
+  so.greedy = (o.greedy or not o.temperature or o.temperature <= 0) and 1 or 0
+  so.temperature = o.temperature or 0
+  so.top_k = o.top_k or 0
+  so.top_p = o.top_p or 1
+  so.seed = o.seed or 0
+  so.stop_at_eos = o.stop == false and 0 or 1
+  return so
+end
+
+-- generate{prompt = text or {ids}, n = 128, greedy = true | temperature =, top_k =, top_p =, seed =,
+-- stop = true (stop at EOS), on_text = function(piece)}: returns the new text and the new ids.
+-- Without a prompt generation starts from BOS. Text needs the model's tokenizer.
+function Model:generate(o)
+  o = o or {}
+  local p, ctx = ptr(self), nibble.context()
+  local V = self.config.vocab_size
+  local prompt = o.prompt
+  local tok
+  local function tk() tok = tok or self:tokenizer(); return tok end
+  if prompt == nil then
+    if not self.config.bos then fail("generate: the model has no BOS token; give a prompt") end
+    prompt = { self.config.bos }
+  elseif type(prompt) == "string" then
+    prompt = tk():encode(prompt)
+    if #prompt == 0 then prompt = { self.config.bos } end
+  end
+  local ids, _, np, keep = tokens_arg(prompt)
+  local n = o.n or 128
+  local kc = ffi.new("nb_kv_cache *[1]")
+  check(C.nb_kv_cache_new(ctx, p, 1, np + n, kc))
+  local cache = ffi.gc(kc[0], C.nb_kv_cache_free)
+  local lg = ffi.new("float[?]", V)
+  local fo = ffi.new("nb_forward_opts")
+  fo.logits, fo.cache, fo.logits_start = lg, cache, np - 1
+  check(C.nb_model_forward(ctx, p, ids, 1, np, fo))
+  fo.logits_start = 0
+  local so = sample_opts(o)
+  local rng = ffi.new("nb_rng")
+  C.nb_rng_seed(rng, so.seed)
+  local out = {}
+  local one = ffi.new("int32_t[1]")
+  local eos = {}
+  for _, e in ipairs(self.config.eos) do eos[e] = true end
+  -- new text = decode(prompt .. new ids) minus decode(prompt): decoding the new ids alone would
+  -- lose the space SentencePiece folds into a word's first piece
+  local all = {}
+  for k = 0, np - 1 do all[k + 1] = ids[k] end
+  local base, printed
+  local function new_text()
+    local d = tk()
+    local full = d:decode(all, { skip_special = true })
+    if full:sub(1, #base) == base then return full:sub(#base + 1) end
+    return d:decode(out, { skip_special = true })
+  end
+  if o.on_text then
+    base = tk():decode(all, { skip_special = true })
+    printed = ""
+  end
+  for i = 1, n do
+    local t = C.nb_sample_logits(lg, V, so, rng)
+    out[i] = t
+    all[#all + 1] = t
+    if o.on_text then
+      local text = new_text()
+      if #text > #printed and text:sub(1, #printed) == printed then
+        o.on_text(text:sub(#printed + 1))
+        printed = text
+      end
+    end
+    if so.stop_at_eos ~= 0 and eos[t] then break end
+    if i < n then
+      one[0] = t
+      check(C.nb_model_forward(ctx, p, one, 1, 1, fo))
+    end
+  end
+  local _ = keep
+  local text
+  if o.text ~= false and (type(o.prompt) == "string" or rawget(self, "_tok") or self.path ~= "") then
+    local ok, s = pcall(function()
+      if not base then
+        local pre = {}
+        for k = 1, np do pre[k] = all[k] end
+        base = tk():decode(pre, { skip_special = true })
+      end
+      return new_text()
+    end)
+    text = ok and s or nil
+  end
+  return text, out
+end
+
+-- eval{data = path or text, tokens = ids/nb_tokens, ctx = 512, chunks = N, batch =, teacher =
+-- model or path, bos = id}: perplexity with llama.cpp's llama-perplexity method; with a teacher also
+-- the mean KL(teacher || model) per token and the top-1 agreement in percent.
+-- Returns {ppl, ppl_err, nll, tokens, chunks, kld_mean, top1_agree} (the last two nil without teacher).
+function Model:eval(o)
+  o = o or {}
+  local toks = o.tokens
+  if toks == nil then
+    local text = o.text
+    if o.data then
+      local f, e = io.open(o.data, "rb")
+      if not f then fail("eval: cannot open " .. tostring(o.data) .. ": " .. tostring(e)) end
+      text = f:read("*a")
+      f:close()
+    end
+    if not text then fail("eval: give data (a file), text or tokens") end
+    toks = self:tokenizer():encode_tokens(text)
+  end
+  local ids, _, n, keep = tokens_arg(toks)
+  local teacher = o.teacher
+  if type(teacher) == "string" then teacher = M.load(teacher) end
+  local eo = ffi.new("nb_eval_opts")
+  eo.n_ctx = o.ctx or 512
+  eo.n_chunks = o.chunks or 0
+  eo.batch = o.batch or 0
+  eo.bos = o.bos or -1
+  local r = ffi.new("nb_eval_result")
+  check(C.nb_model_eval(nibble.context(), ptr(self), teacher and ptr(teacher) or nil, ids, n, eo, r))
+  local _ = keep
+  local res = { ppl = r.ppl, ppl_err = r.ppl_err, nll = r.nll, tokens = tonumber(r.tokens), chunks = tonumber(r.chunks) }
+  if teacher then res.kld_mean, res.top1_agree = r.kld_mean, r.top1_agree end
+  return res
+end
+
+-- Calls that may run Lua hooks (FFI callbacks) must not be JIT-compiled: LuaJIT refuses a
+-- callback from C code entered through a compiled trace.
+for _, name in ipairs({ "forward", "backward", "lm_step", "generate", "eval" }) do
+  if jit and jit.off then jit.off(Model[name], true) end
+end
+
+return setmetatable(M, { __call = function(_, path) return M.load(path) end })
