@@ -222,17 +222,32 @@ static int exit_code(int status, int interrupted) {
     return interrupted ? 130 : 1;
 }
 
-/* Compile (chunk on the stack or error), then run with args. */
+/* Compile (chunk on the stack or error), then run with args. A file that returns a table (a
+ * declarative recipe) is handed to nibble.recipe.execute(table, arg) when `recipes` is set. */
 static int run_chunk(lua_State *L, int load_status, const char *progname, const char *script, char **args,
-                     int nargs) {
+                     int nargs, int recipes) {
     if (load_status) {
         nbh_report(L);
         return 1;
     }
+    int base = lua_gettop(L) - 1;
     int n = push_args(L, progname, script, args, nargs);
     int interrupted = 0;
-    int status = nbh_docall(L, n, 0, &interrupted);
+    int status = nbh_docall(L, n, 1, &interrupted);
+    if (!status && recipes && lua_istable(L, -1)) {
+        lua_getglobal(L, "require");
+        lua_pushstring(L, "nibble.recipe");
+        status = nbh_docall(L, 1, 1, &interrupted);
+        if (!status) {
+            lua_getfield(L, -1, "execute");   /* table, module, execute */
+            lua_remove(L, -2);
+            lua_insert(L, -2);                /* execute, table */
+            lua_getglobal(L, "arg");
+            status = nbh_docall(L, 2, 0, &interrupted);
+        }
+    }
     if (status) nbh_report(L);
+    lua_settop(L, base);
     return exit_code(status, interrupted);
 }
 
@@ -331,13 +346,13 @@ static int pmain(lua_State *L) {
         if (argc < 3) { fprintf(stderr, "nibble: -e needs an argument (see nibble --help)\n"); a->exit = 1; return 0; }
         if (load_nibble(L)) { a->exit = 1; return 0; }
         int s = luaL_loadbuffer(L, argv[2], strlen(argv[2]), "=(command line)");
-        a->exit = run_chunk(L, s, prog, "-e", argv + 3, argc - 3);
+        a->exit = run_chunk(L, s, prog, "-e", argv + 3, argc - 3, 0);
     } else if (!strcmp(cmd, "run")) {
         if (argc < 3) { fprintf(stderr, "nibble: run needs a file (see nibble --help)\n"); a->exit = 1; return 0; }
         if (load_nibble(L)) { a->exit = 1; return 0; }
         const char *file = argv[2];
         int s = luaL_loadfile(L, strcmp(file, "-") ? file : NULL);
-        a->exit = run_chunk(L, s, prog, file, argv + 3, argc - 3);
+        a->exit = run_chunk(L, s, prog, file, argv + 3, argc - 3, 1);
     } else if (cmd[0] == '-') {
         fprintf(stderr, "nibble: unknown option '%s' (see nibble --help)\n", cmd);
         a->exit = 1;
@@ -348,7 +363,7 @@ static int pmain(lua_State *L) {
         } else if (file_exists(cmd)) {
             if (load_nibble(L)) { a->exit = 1; return 0; }
             int s = luaL_loadfile(L, cmd);
-            a->exit = run_chunk(L, s, prog, cmd, argv + 2, argc - 2);
+            a->exit = run_chunk(L, s, prog, cmd, argv + 2, argc - 2, 1);
         } else {
             fprintf(stderr, "nibble: unknown command or file '%s' (see nibble --help)\n", cmd);
             a->exit = 1;

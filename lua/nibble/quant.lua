@@ -180,6 +180,15 @@ function Q.fp8(opts)
 end
 function Q.is_quantizer(x) return getmetatable(x) == Quantizer end
 
+-- wrap(ptr): a quantizer another object owns (e.g. a qmodel's), as a Lua object holding its own reference.
+function Q.wrap(p)
+  local cfg = ffi.new("nb_quantizer_config")
+  C.nb_quantizer_get_config(p, cfg)
+  C.nb_quantizer_retain(p)
+  return setmetatable({ ptr = ffi.gc(p, C.nb_quantizer_release), name = ffi.string(C.nb_quantizer_name(p)),
+                        format = format_names[tonumber(cfg.format)], static = cfg.is_static ~= 0 }, Quantizer)
+end
+
 function Quantizer:enable(on)
   C.nb_quantizer_set_enabled(self.ptr, on == false and 0 or 1)
   return self

@@ -44,7 +44,7 @@ M.schema = {
 M.sub_schema = {
   model = { path = true, teacher = true, dtype = true },
   calibration = { data = true, samples = true, seq_len = true, batch = true, pack = true,
-                  random_offset = true, seed = true, text_field = true },
+                  random_offset = true, seed = true, text_field = true, separator = true },
   distill = { loss = true, temperature = true, t2 = true, topk = true, lm_loss = true, kd_loss_scale = true,
               steps = true, lr = true, min_lr = true, warmup = true, batch = true, seq_len = true,
               grad_accum = true, clip = true, weight_decay = true, sft_mask = true, data = true,
@@ -140,7 +140,21 @@ end
 -- loading and composition
 ---------------------------------------------------------------------------------------------------
 
-M.search_path = {}   -- directories searched for `extends` names (the recipes/ folder is added by init)
+M.search_path = {}   -- directories searched for `extends` names, before the defaults below
+
+-- The defaults: $NIBBLE_RECIPES, then the recipes/ folder beside lua/ (the source tree, or
+-- share/nibble/recipes of an installation).
+local function default_dirs()
+  local out = {}
+  local env = os.getenv("NIBBLE_RECIPES")
+  if env and env ~= "" then for d in env:gmatch("[^:]+") do out[#out + 1] = d end end
+  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")   -- <root>/lua/nibble
+  if here then
+    out[#out + 1] = here .. "/../../recipes"
+    out[#out + 1] = here .. "/../../../nibble/recipes"
+  end
+  return out
+end
 
 local function file_exists(path)
   local f = io.open(path, "r")
@@ -161,6 +175,7 @@ function M.find(name, from_dir)
   local dirs = {}
   if from_dir then dirs[#dirs + 1] = from_dir end
   for _, d in ipairs(M.search_path) do dirs[#dirs + 1] = d end
+  for _, d in ipairs(default_dirs()) do dirs[#dirs + 1] = d end
   for _, d in ipairs(dirs) do
     local p = d .. "/" .. name
     if file_exists(p) then return p end
@@ -185,10 +200,14 @@ function M.with_default_exclusions(rules)
   return out
 end
 
--- `nibble.recipe{...}`: marks a table as a declarative recipe (validated when resolved).
-function M.new(t)
+-- `nibble.recipe{...}`: marks a table as a declarative recipe (validated when resolved). A recipe
+-- run as a script (`nibble run file.lua`) is found relative to that script (arg[0]).
+function M.new(t, level)
   if type(t) ~= "table" then error("recipe: nibble.recipe expects a table", 2) end
   tagged[t] = true
+  local info = debug.getinfo(level or 2, "S")
+  local src = info and info.source
+  if src and src:sub(1, 1) == "@" and not paths[t] then paths[t] = src:sub(2) end
   return t
 end
 
@@ -425,5 +444,23 @@ function M.format_plan(plan)
   lines[#lines + 1] = string.format("%d modules (%s)", #plan, table.concat(summary, ", "))
   return table.concat(lines, "\n")
 end
+
+-- execute(r [, args]): what `nibble run FILE` does with a declarative recipe the file returned: a
+-- recipe with `distill` is a QAD run (nibble.qad), otherwise PTQ (nibble.ptq). Returns the result.
+function M.execute(r, args)
+  if type(r) ~= "table" then error("recipe: expected a recipe table, got " .. type(r), 0) end
+  tagged[r] = true
+  if r.distill ~= nil then
+    local ok_path = package.searchpath("nibble.qad", package.path)
+    if not ok_path then error("recipe: this recipe has a distill section, but QAD (nibble.qad) is not available", 0) end
+    return require("nibble.qad").run(r, args)
+  end
+  return require("nibble.ptq").run(r, args)
+end
+
+setmetatable(M, { __call = function(_, t)
+  local r = M.new(t, 3)   -- not a tail call: level 3 is the recipe file
+  return r
+end })
 
 return M

@@ -1,0 +1,54 @@
+-- nibble plan: print every module of a recipe's model with its format or the reason it is excluded
+-- Usage: nibble plan RECIPE [key=value ...]
+-- RECIPE is a declarative recipe file (a table, e.g. recipes/ptq.lua); key=value pairs reach it as
+-- arg.key. The recipe is validated (unknown keys, globs that match nothing, block sizes) before
+-- anything else; the model named by model.path is opened to list its modules. Nothing is quantized.
+local USAGE = "usage: nibble plan RECIPE [key=value ...]\n"
+
+local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
+
+return function(args)
+  local file
+  local kv = {}
+  for _, a in ipairs(args) do
+    local k, v = a:match("^([%a_][%w_%.%-]*)=(.*)$")
+    if k then
+      kv[k] = v
+    elseif a == "-h" or a == "--help" then
+      io.stdout:write(USAGE)
+      return 0
+    elseif not file then
+      file = a
+    else
+      io.stderr:write("nibble plan: unexpected argument ", a, "\n", USAGE)
+      return 1
+    end
+  end
+  if not file then
+    io.stderr:write(USAGE)
+    return 1
+  end
+  local recipe = require("nibble.recipe")
+  local ptq = require("nibble.ptq")
+  local ok, res = pcall(function()
+    local r = ptq.prepare(file, kv)
+    return ptq.run(r, kv, { dry_run = true, quiet = true })
+  end)
+  if not ok then
+    io.stderr:write("nibble plan: ", clean(res), "\n")
+    return 1
+  end
+  io.stdout:write(recipe.format_plan(res.plan), "\n")
+  local r = res.recipe
+  local lines = { ("algorithm: %s"):format(res.algorithm) }
+  if r.calibration and r.calibration.data then
+    local c = r.calibration
+    lines[#lines + 1] = ("calibration: %s (samples %s, seq_len %s, seed %s)"):format(c.data, tostring(c.samples or 512),
+      tostring(c.seq_len or 512), tostring(c.seed or r.seed or 0))
+  end
+  if r.export and r.export.dir then
+    lines[#lines + 1] = ("export: %s (%s layout)"):format(r.export.dir, r.export.layout or "modelopt")
+  end
+  io.stdout:write(table.concat(lines, "\n"), "\n")
+  return 0
+end

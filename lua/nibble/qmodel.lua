@@ -1,0 +1,302 @@
+-- nibble.qmodel: quantizers on a model's linear modules (nibble/qmodel.h) from Lua: per-module
+-- specs, fused siblings, calibration (observers as hooks during the caller's forward passes),
+-- fake quant, the export guard, export in the ModelOpt / compressed-tensors layouts and nibble's own
+-- checkpoints. The qmodel keeps its Lua model object alive (the C qmodel borrows the model).
+--   local qm = nibble.qmodel.new(model)
+--   qm:set("model.layers.0.mlp.up_proj", { weight = "nvfp4" })        -- or qm:apply(plan)
+--   qm:fuse_siblings(); qm:calibrate_weights("max"); qm:export("out", { layout = "modelopt" })
+local ffi = require("ffi")
+local nibble = require("nibble")
+local C, check, fail = nibble.C, nibble.check, nibble.fail
+
+local M = {}
+local QModel = {}
+QModel.__index = QModel
+
+local function ctx() return nibble.context() end
+
+-- The nb_model * of a model object: a nibble.model object (field _p or ptr, or :ptr()), or the cdata.
+local function model_ptr(model)
+  if type(model) == "cdata" then return ffi.cast("nb_model *", model) end
+  if type(model) == "table" then
+    local p = rawget(model, "_p") or rawget(model, "ptr")
+    if type(p) == "function" then p = p(model) end
+    if p == nil and type(model.ptr) == "function" then p = model:ptr() end
+    if p ~= nil then return ffi.cast("nb_model *", p) end
+    fail("qmodel: the model object was freed")
+  end
+  fail("qmodel: expected a nibble model (or an nb_model pointer), got " .. type(model))
+end
+M.model_ptr = model_ptr
+
+local function qp(self)
+  local p = rawget(self, "_p")
+  if p == nil then fail("qmodel was freed") end
+  return p
+end
+
+-- formats by name: the quant helper's names plus the recipe spellings
+local format_alias = { none = 0, nvfp4 = C.NB_FMT_NVFP4, nvfp4_46 = C.NB_FMT_NVFP4_46,
+                       four_over_six = C.NB_FMT_NVFP4_46, mxfp8 = C.NB_FMT_MXFP8, fp8 = C.NB_FMT_FP8_TENSOR,
+                       fp8_tensor = C.NB_FMT_FP8_TENSOR, fp8_channel = C.NB_FMT_FP8_CHANNEL,
+                       fp8_per_channel = C.NB_FMT_FP8_CHANNEL }
+local format_name = {}
+for f = 0, C.NB_FMT_COUNT - 1 do
+  local tr = C.nb_qformat_info(f)
+  if tr ~= nil then format_name[f] = ffi.string(tr.name) end
+end
+M.format_name = format_name
+
+local function to_format(x, what)
+  if x == nil or x == false then return C.NB_FMT_NONE end
+  if type(x) == "number" and format_name[x] then return x end
+  local f = format_alias[x]
+  if f == nil then
+    local names = {}
+    for k in pairs(format_alias) do names[#names + 1] = k end
+    table.sort(names)
+    fail(("%s: unknown format %s (one of %s)"):format(what, tostring(x), table.concat(names, ", ")))
+  end
+  return f
+end
+M.format = to_format
+
+local calib_methods = { max = C.NB_CALIB_MAX, mse = C.NB_CALIB_MSE, four_over_six = C.NB_CALIB_FOUR_OVER_SIX }
+
+-- calib_config("max" | "mse" | "four_over_six" | {method =, start =, stop =, step =, metric =})
+local function calib_config(a)
+  if type(a) ~= "table" then a = { method = a or "max" } end
+  local m = calib_methods[a.method or "max"]
+  if m == nil then fail(("unknown calibration algorithm %s (max, mse, four_over_six)"):format(tostring(a.method))) end
+  local cfg = ffi.new("nb_calib_config")
+  C.nb_calib_config_init(cfg, m)
+  if a.start then cfg.start_multiplier = a.start end
+  if a.stop then cfg.stop_multiplier = a.stop end
+  if a.step then cfg.step_size = a.step end
+  if a.metric == "export" then cfg.metric = C.NB_MSE_EXPORT
+  elseif a.metric ~= nil and a.metric ~= "modelopt" then fail("calibration metric must be 'modelopt' or 'export'") end
+  return cfg
+end
+M.calib_config = calib_config
+
+-- new(model): a qmodel over every linear module of the model, all unquantized ("no rule").
+function M.new(model)
+  local p = model_ptr(model)
+  local out = ffi.new("nb_qmodel *[1]")
+  check(C.nb_qmodel_new(ctx(), p, out))
+  nibble.note_native()
+  return setmetatable({ _p = ffi.gc(out[0], C.nb_qmodel_free), model = model }, QModel)
+end
+
+function M.is_qmodel(x) return getmetatable(x) == QModel end
+
+-- free(): drop the C object now (hooks are removed); the model stays.
+function QModel:free()
+  local p = rawget(self, "_p")
+  if p ~= nil then
+    self._p = nil
+    C.nb_qmodel_free(ffi.gc(p, nil))
+  end
+end
+
+function QModel:count() return tonumber(C.nb_qmodel_count(qp(self))) end
+function QModel:name(i) return ffi.string(C.nb_qmodel_name(qp(self), i - 1)) end
+-- find(name): 1-based index of a linear module, or nil.
+function QModel:find(name)
+  local i = tonumber(C.nb_qmodel_find(qp(self), name))
+  return i >= 0 and i + 1 or nil
+end
+
+local function index_of(self, name_or_i)
+  if type(name_or_i) == "number" then return name_or_i - 1 end
+  local i = C.nb_qmodel_find(qp(self), name_or_i)
+  if i < 0 then fail(("qmodel: no linear module named %s"):format(tostring(name_or_i))) end
+  return i
+end
+
+-- spec(name or i): {weight = "nvfp4" | ..., static = bool, input = name | nil, floor = bool} or nil
+-- when unquantized; reason(name or i): why it is unquantized (nil when quantized).
+function QModel:spec(which)
+  local s = C.nb_qmodel_spec(qp(self), index_of(self, which))
+  if s == nil or s.weight_format == C.NB_FMT_NONE then return nil end
+  return { weight = format_name[tonumber(s.weight_format)], static = s.weight_static ~= 0,
+           input = s.input_format ~= C.NB_FMT_NONE and format_name[tonumber(s.input_format)] or nil,
+           floor = s.mx_floor ~= 0, pass_through_bwd = s.pass_through_bwd ~= 0 }
+end
+function QModel:reason(which)
+  local r = C.nb_qmodel_reason(qp(self), index_of(self, which))
+  return r ~= nil and ffi.string(r) or nil
+end
+
+-- modules(): {{name, spec, reason}, ...} in model order.
+function QModel:modules()
+  local out = {}
+  for i = 1, self:count() do out[i] = { name = self:name(i), spec = self:spec(i), reason = self:reason(i) } end
+  return out
+end
+
+-- set(name, spec): spec {weight = format, static = bool (NVFP4 per-block calibrated amax),
+-- input = format | nil, floor = bool (MXFP8 OCP rule), pass_through_bwd = bool}.
+function QModel:set(name, spec)
+  if type(spec) ~= "table" then fail("qmodel:set(name, spec): spec must be a table {weight = ..., input = ...}") end
+  for k in pairs(spec) do
+    if k ~= "weight" and k ~= "static" and k ~= "input" and k ~= "floor" and k ~= "pass_through_bwd" then
+      fail(("qmodel:set: unknown spec key '%s' (weight, static, input, floor, pass_through_bwd)"):format(tostring(k)))
+    end
+  end
+  local s = ffi.new("nb_qspec")
+  C.nb_qspec_init(s)
+  s.weight_format = to_format(spec.weight, name)
+  s.weight_static = spec.static and 1 or 0
+  s.input_format = to_format(spec.input, name)
+  s.mx_floor = spec.floor and 1 or 0
+  if spec.pass_through_bwd ~= nil then s.pass_through_bwd = spec.pass_through_bwd and 1 or 0 end
+  check(C.nb_qmodel_set(ctx(), qp(self), name, s))
+  return self
+end
+
+function QModel:exclude(name, reason)
+  check(C.nb_qmodel_exclude(ctx(), qp(self), name, reason))
+  return self
+end
+
+-- fuse_siblings(): q/k/v and gate/up share global scales; returns the number of groups made.
+function QModel:fuse_siblings()
+  local n = ffi.new("int64_t[1]")
+  check(C.nb_qmodel_fuse_siblings(ctx(), qp(self), n))
+  return tonumber(n[0])
+end
+
+-- Calibration. calibrate_begin(algorithm) installs input observers; run forward passes; then
+-- calibrate_end() calibrates the weights with the algorithm and writes the input amaxes.
+-- calibrate_weights(algorithm) calibrates weights only (weight-only formats need no data).
+function QModel:calibrate_begin(algorithm)
+  check(C.nb_qmodel_calibrate_begin(ctx(), qp(self), calib_config(algorithm)))
+  return self
+end
+function QModel:calibrate_end()
+  check(C.nb_qmodel_calibrate_end(ctx(), qp(self)))
+  return self
+end
+function QModel:calibrate_weights(algorithm)
+  check(C.nb_qmodel_calibrate_weights(ctx(), qp(self), calib_config(algorithm)))
+  return self
+end
+-- uncovered(): modules whose input quantizer saw no calibration token in the last calibration.
+function QModel:uncovered()
+  local p, out = qp(self), {}
+  for i = 0, tonumber(C.nb_qmodel_uncovered_count(p)) - 1 do out[#out + 1] = ffi.string(C.nb_qmodel_uncovered(p, i)) end
+  return out
+end
+
+-- needs_data(): true when some enabled quantizer observes activations (an input quantizer).
+function QModel:needs_data()
+  local p = qp(self)
+  for i = 0, tonumber(C.nb_qmodel_count(p)) - 1 do
+    local q = C.nb_qmodel_input_quantizer(p, i)
+    if q ~= nil and C.nb_quantizer_enabled(q) ~= 0 then return true end
+  end
+  return false
+end
+
+function QModel:set_fake(on)
+  check(C.nb_qmodel_set_fake(ctx(), qp(self), (on == nil or on) and 1 or 0))
+  return self
+end
+
+-- check(): the export guard (raises NB_ERR_UNCALIBRATED naming module and attribute).
+function QModel:check()
+  check(C.nb_qmodel_check(ctx(), qp(self)))
+  return self
+end
+
+-- Borrowed quantizers as nibble.quant objects (each holds its own reference).
+function QModel:weight_quantizer(which)
+  local q = C.nb_qmodel_weight_quantizer(qp(self), index_of(self, which))
+  return q ~= nil and nibble.quant.wrap(q) or nil
+end
+function QModel:input_quantizer(which)
+  local q = C.nb_qmodel_input_quantizer(qp(self), index_of(self, which))
+  return q ~= nil and nibble.quant.wrap(q) or nil
+end
+
+local layouts = { modelopt = C.NB_LAYOUT_MODELOPT, ["compressed-tensors"] = C.NB_LAYOUT_COMPRESSED_TENSORS,
+                  compressed_tensors = C.NB_LAYOUT_COMPRESSED_TENSORS, ct = C.NB_LAYOUT_COMPRESSED_TENSORS }
+
+-- "10GB", "500MB", "5GiB", 1e9 -> bytes (transformers' max_shard_size spelling: GB = 10^9).
+local function parse_size(v)
+  if v == nil then return 0 end
+  if type(v) == "number" then return v end
+  local num, unit = tostring(v):match("^%s*([%d%.]+)%s*(%a*)%s*$")
+  local mult = ({ [""] = 1, B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KIB = 1024, MIB = 1024 ^ 2,
+                  GIB = 1024 ^ 3, TIB = 1024 ^ 4 })[(unit or ""):upper()]
+  if not num or not mult then fail(("max_shard_size: cannot read %q (e.g. \"5GB\", \"500MB\")"):format(tostring(v))) end
+  return math.floor(tonumber(num) * mult)
+end
+M.parse_size = parse_size
+
+-- export(dir, opts): opts layout ("modelopt" | "compressed-tensors"), allow_uncalibrated,
+-- max_shard_size ("10GB"), dtype (of unquantized tensors; default each tensor's source dtype),
+-- source_dir (config/tokenizer files; default the model's directory). Atomic. Returns the list of
+-- modules left unquantized because allow_uncalibrated was set.
+function QModel:export(dir, opts)
+  opts = opts or {}
+  if type(dir) ~= "string" then fail("qmodel:export(dir [, opts]): dir must be a path") end
+  local o = ffi.new("nb_export_opts")
+  C.nb_export_opts_init(o)
+  if opts.layout ~= nil then
+    local l = layouts[opts.layout]
+    if l == nil then fail(("unknown export layout %s (modelopt, compressed-tensors)"):format(tostring(opts.layout))) end
+    o.layout = l
+  end
+  o.allow_uncalibrated = opts.allow_uncalibrated and 1 or 0
+  o.max_shard_bytes = parse_size(opts.max_shard_size)
+  if opts.dtype ~= nil then o.dtype = nibble.dtype(opts.dtype) end
+  local keep = opts.source_dir
+  if keep ~= nil then o.source_dir = keep end
+  check(C.nb_qmodel_export(ctx(), qp(self), dir, o))
+  keep = nil
+  local p, skipped = qp(self), {}
+  for i = 0, tonumber(C.nb_qmodel_export_skipped_count(p)) - 1 do
+    skipped[#skipped + 1] = ffi.string(C.nb_qmodel_export_skipped(p, i))
+  end
+  return skipped
+end
+
+-- save(path) / restore(path): nibble's own checkpoint (weights + every quantizer's state + specs).
+function QModel:save(path)
+  check(C.nb_qmodel_save(ctx(), qp(self), path))
+  return self
+end
+function QModel:restore(path)
+  check(C.nb_qmodel_restore(ctx(), qp(self), path))
+  return self
+end
+
+function QModel:__tostring()
+  local p = rawget(self, "_p")
+  if p == nil then return "qmodel<freed>" end
+  local n, q = tonumber(C.nb_qmodel_count(p)), 0
+  for i = 0, n - 1 do if C.nb_qmodel_weight_quantizer(p, i) ~= nil then q = q + 1 end end
+  return ("qmodel<%d linear modules, %d quantized>"):format(n, q)
+end
+
+-- ---- read-back ------------------------------------------------------------------------------------
+
+-- probe(st_path_or_dir, module): how a module is stored in an exported checkpoint:
+-- {format = "nvfp4" | "mxfp8" | "fp8" | "fp8_channel" | nil, layout, input_format, input_scale}.
+function M.probe(path, module)
+  local out = ffi.new("nb_st *[1]")
+  check(C.nb_st_open(ctx(), path, out))
+  local st = ffi.gc(out[0], C.nb_st_close)
+  local info = ffi.new("nb_readback_info")
+  check(C.nb_readback_probe(ctx(), st, module, info))
+  C.nb_st_close(ffi.gc(st, nil))
+  local f = tonumber(info.format)
+  return { format = f ~= 0 and format_name[f] or nil,
+           layout = info.layout == C.NB_LAYOUT_COMPRESSED_TENSORS and "compressed-tensors" or "modelopt",
+           input_format = info.input_format ~= 0 and format_name[tonumber(info.input_format)] or nil,
+           input_scale = info.input_scale ~= 0 and tonumber(info.input_scale) or nil }
+end
+
+return M

@@ -1,0 +1,34 @@
+-- Post-training quantization as a recipe: the same run as `nibble quantize`.
+--   nibble run recipes/ptq.lua model=PATH out=DIR [format=nvfp4_w4a16] [algorithm=max|mse|four_over_six]
+--       [calib=FILE] [samples=512] [seq_len=512] [seed=1] [layout=modelopt|compressed-tensors]
+--   nibble plan recipes/ptq.lua model=PATH        (what would be quantized, and why not)
+-- Formats: nvfp4_w4a16, nvfp4 (W4A4: needs calib), nvfp4_static, nvfp4_4o6, mxfp8, fp8 (W8A8: needs
+-- calib), fp8_per_channel. The unit recipes/units/<format>.lua quantizes every linear layer and keeps
+-- the default exclusions (lm_head, routers, MoE gates); layers whose width the block does not divide
+-- stay unquantized with that reason.
+local nibble = nibble or require("nibble")
+local recipe = nibble.recipe
+local format = arg.format or "nvfp4_w4a16"
+if not recipe.presets[format] then
+  local names = {}
+  for k in pairs(recipe.presets) do names[#names + 1] = k end
+  table.sort(names)
+  error(("ptq.lua: unknown format '%s'%s; known: %s"):format(format, recipe.did_you_mean(format, names),
+    table.concat(names, ", ")), 0)
+end
+
+return nibble.recipe {
+  extends = "units/" .. format,
+  model = { path = arg.model },
+  algorithm = arg.algorithm,          -- nil: the unit's (max; four_over_six for nvfp4_4o6)
+  calibration = {
+    data = arg.calib,                 -- nil: weight-only formats need no data
+    samples = tonumber(arg.samples or 512),
+    seq_len = tonumber(arg.seq_len or 512),
+    batch = tonumber(arg.batch or 4),
+    random_offset = true,
+    seed = tonumber(arg.seed or 1),
+  },
+  export = { dir = arg.out, layout = arg.layout or "modelopt" },
+  allow_uncalibrated = arg.allow_uncalibrated == "true" or nil,
+}
