@@ -464,7 +464,9 @@ methods.release = critical(function(t)
   end
 end)
 
--- A contiguous f32/f64 pointer over t's values (converting when needed), kept alive by `keep`.
+-- A contiguous f32/f64 pointer over t's values (converting when needed). When a copy was made it
+-- is returned too: callers release it after their loop, which also keeps it alive until then
+-- (a pointer alone does not keep its cdata from the GC).
 local function values_ptr(p)
   if C.nb_tensor_is_contiguous(p) ~= 0 then
     if p.dtype == C.NB_F32 then return ffi.cast("const float *", C.nb_tensor_data(p)), nil end
@@ -492,7 +494,7 @@ function methods.totable(t)
     return r
   end
   local r = build(1)
-  keep = nil
+  if keep then keep:release() end
   return r
 end
 
@@ -515,7 +517,7 @@ function methods.stats(t)
       bad = bad + 1
     end
   end
-  keep = nil
+  if keep then keep:release() end
   local good = n - bad
   local mean = good > 0 and sum / good or 0 / 0
   local var = good > 0 and math.max(0, sumsq / good - mean * mean) or 0 / 0
@@ -549,7 +551,8 @@ function methods.max_abs_diff(t, o)
       if d > m then m = d end
     end
   end
-  ka, kb = nil, nil
+  if ka then ka:release() end
+  if kb then kb:release() end
   return m
 end
 function methods.equal(t, o)
