@@ -16,6 +16,8 @@
 #include "nibble/ops.h"
 #include "nibble/model.h"
 #include "nibble/quant.h"
+#include "nibble/quant_fast.h"
+#include "nibble/quant_cuda.h"
 #include "nibble/parambuf.h"
 #include "nibble/distill.h"
 #include "nibble/optim.h"

@@ -1,0 +1,18 @@
+/* CPU fast paths of the quantizers: which row functions nb_quantize / nb_fake_quant /
+ * nb_qtensor_dequantize run. Every fast path is bit-equal to the scalar reference (tests/c/test_quant_fast.c);
+ * the choice only changes speed. */
+#ifndef NIBBLE_QUANT_FAST_H
+#define NIBBLE_QUANT_FAST_H
+
+#include "nibble/ctx.h"
+
+/* The row functions in use: "avx2" (AVX2+FMA+F16C), "reference" (the scalar references), or
+ * "mixed" when nb_qformat_set_rows has installed others for some formats. libnibble picks "avx2"
+ * when it loads on a CPU that has it, unless NIBBLE_QUANT_PATH=reference is set in the environment. */
+const char *nb_quant_cpu_path(void);
+/* Install one path for every format: "auto" (the best this CPU runs), "avx2" or "reference".
+ * NB_ERR_UNSUPPORTED when the CPU (or this build) has no AVX2 path, NB_ERR_INVALID for another name.
+ * Process-wide, like nb_qformat_set_rows: call it while no quantization is running. */
+nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path);
+
+#endif

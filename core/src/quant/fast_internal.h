@@ -1,0 +1,54 @@
+/* Private interface of the fast quantizer paths (core/src/quant/fast_*.c): the AVX2 row functions,
+ * the exact table-driven MXFP8 scale byte shared by the AVX2 path and the CUDA kernels, and the
+ * bulk dtype helpers the drivers can use. Tests include it to call each path directly. */
+#ifndef NIBBLE_QUANT_FAST_INTERNAL_H
+#define NIBBLE_QUANT_FAST_INTERNAL_H
+
+#include "quant_internal.h"
+
+/* --- MXFP8 scale byte without libm ------------------------------------------------------------ */
+/* ModelOpt's ceil rule e = ceil(f32(log2(d))), d = f32(amax/448), is k or k+1 inside the binade
+ * [2^k, 2^(k+1)) of d; it is k+1 from the first bit pattern of d where the reference says so.
+ * Table entry k+127 (k = -127..127) holds that first f32 bit pattern (UINT32_MAX: never).
+ * Built once from the reference's own expression; the tests hold the rule to nb_mxfp8_scale_byte. */
+enum { NBQ_MX_TABLE = 255 };
+const uint32_t *nbq_mx_ceil_table(void);
+/* nb_mxfp8_scale_byte(amax, floor) from integer operations and the table (amax finite, >= 0). */
+uint8_t nbq_mx_scale_byte_fast(float block_amax, int ocp_floor);
+
+/* --- AVX2 rows (fast_avx2.c); only call when nbq_cpu_has_avx2() ------------------------------- */
+int nbq_cpu_has_avx2(void);
+void nbq_avx2_nvfp4_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+void nbq_avx2_nvfp4_dequantize_row(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
+void nbq_avx2_nvfp4_fake_row(const float *x, int64_t n, const nb_qrow_args *a, float *y);
+void nbq_avx2_nvfp4_46_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+void nbq_avx2_nvfp4_46_fake_row(const float *x, int64_t n, const nb_qrow_args *a, float *y);
+void nbq_avx2_mxfp8_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+void nbq_avx2_mxfp8_dequantize_row(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
+void nbq_avx2_mxfp8_fake_row(const float *x, int64_t n, const nb_qrow_args *a, float *y);
+void nbq_avx2_fp8_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+void nbq_avx2_fp8_dequantize_row(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
+void nbq_avx2_fp8_fake_row(const float *x, int64_t n, const nb_qrow_args *a, float *y);
+
+/* Element kernels of the AVX2 path on arrays (n any), exposed so tests can sweep bit patterns
+ * against nb_f32_to_e4m3 / nb_e4m3_to_f32 / nb_f32_to_e2m1 / nb_f32_to_bf16 / nb_f32_to_f16. */
+void nbq_avx2_e4m3_encode(const float *x, int64_t n, uint8_t *out);
+void nbq_avx2_e4m3_decode(const uint8_t *b, int64_t n, float *out);
+void nbq_avx2_e2m1_encode(const float *x, int64_t n, uint8_t *out);
+
+/* --- bulk dtype helpers (dispatched: AVX2/F16C when present, plain C otherwise) ---------------- */
+/* n contiguous F32/BF16/F16 elements -> f32 (exact). */
+void nbq_fast_load_f32(const void *src, nb_dtype dt, int64_t n, float *out);
+/* n f32 -> F32/BF16/F16 (RNE, as nb_f32_to_bf16 / nb_f32_to_f16). */
+void nbq_fast_store_f32(void *dst, nb_dtype dt, int64_t n, const float *in);
+/* One pass over n contiguous F32/BF16/F16 elements: max |x| over the finite ones, and whether
+ * any element is NaN/Inf (then *nonfinite = 1 and the max is meaningless). */
+float nbq_fast_absmax(const void *src, nb_dtype dt, int64_t n, int *nonfinite);
+/* The same, split over ctx's threads (ctx may be NULL: one thread). */
+float nbq_fast_absmax_mt(nb_ctx *ctx, const void *src, nb_dtype dt, int64_t n, int *nonfinite);
+
+void nbq_avx2_load_f32(const void *src, nb_dtype dt, int64_t n, float *out);
+void nbq_avx2_store_f32(void *dst, nb_dtype dt, int64_t n, const float *in);
+float nbq_avx2_absmax(const void *src, nb_dtype dt, int64_t n, int *nonfinite);
+
+#endif

@@ -1,0 +1,47 @@
+// MXFP8 kernels: one thread per 32-element block; E8M0 scale by ModelOpt's ceil rule (table-driven,
+// exact) or the OCP floor rule, elements scaled by an exact power of two, clamped, RNE to E4M3
+// (core/src/quant/mxfp8.c).
+#include "quant_common.cuh"
+
+__global__ void nbq_mxfp8_quant_kernel(const void *x, int xdt, int64_t rows, int64_t n, nbq_kargs a, uint8_t *q,
+                                       uint8_t *s, void *y, int ydt) {
+    const int64_t nblk = n / NB_MXFP8_BLOCK, total = rows * nblk;
+    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t base = g * NB_MXFP8_BLOCK;   // rows are contiguous: block g starts at g*32
+        float xb[NB_MXFP8_BLOCK];
+        float m = 0.0f;
+        for (int i = 0; i < NB_MXFP8_BLOCK; i++) {
+            xb[i] = nbq_load(x, xdt, base + i);
+            float v = fabsf(xb[i]);
+            if (v > m) m = v;
+        }
+        const uint8_t code = nbq_mx_scale_byte(m, a);
+        const float sf = nbq_pow2(127 - (int)code), d = nbq_pow2((int)code - 127);
+        if (!y) s[g] = code;
+        for (int i = 0; i < NB_MXFP8_BLOCK; i++) {
+            const uint8_t e = nbq_f32_to_e4m3(nbq_mul(xb[i], sf));
+            if (y) nbq_store(y, ydt, base + i, nbq_mul(nbq_e4m3_to_f32(e), d));
+            else q[base + i] = e;
+        }
+    }
+}
+
+__global__ void nbq_mxfp8_dequant_kernel(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t n, void *y, int ydt) {
+    const int64_t nblk = n / NB_MXFP8_BLOCK, total = rows * nblk;
+    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
+        const float d = nbq_pow2((int)s[g] - 127);
+        const int64_t base = g * NB_MXFP8_BLOCK;
+        for (int i = 0; i < NB_MXFP8_BLOCK; i++) nbq_store(y, ydt, base + i, nbq_mul(nbq_e4m3_to_f32(q[base + i]), d));
+    }
+}
+
+cudaError_t nbq_launch_mxfp8(const nbq_launch &l, const nbq_kargs &a) {
+    const int threads = 128;
+    const unsigned grid = nbq_grid(l.rows * (l.n / NB_MXFP8_BLOCK), threads);
+    if (l.op == NBQ_OP_DEQUANTIZE)
+        nbq_mxfp8_dequant_kernel<<<grid, threads, 0, l.stream>>>(l.qin, l.sin, l.rows, l.n, l.y, l.ydt);
+    else
+        nbq_mxfp8_quant_kernel<<<grid, threads, 0, l.stream>>>(l.x, l.xdt, l.rows, l.n, a, l.q, l.s,
+                                                               l.op == NBQ_OP_FAKE ? l.y : nullptr, l.ydt);
+    return cudaGetLastError();
+}

@@ -1,0 +1,262 @@
+/* The CUDA quantization kernels against the scalar reference rows, bit for bit: quantize (data and
+ * scale bytes), fake quant and dequantize of every format, static and dynamic, F32/BF16/F16 in and
+ * out, on random and adversarial rows, plus every MXFP8 binade edge. Without a GPU (or without a
+ * CUDA build) it checks that each entry point fails with NB_ERR_DEVICE, then exits 77 (skipped). */
+#include "nbtest.h"
+#include <stdint.h>
+
+#include "nibble/quant_cuda.h"
+#include "quant/quant_internal.h"
+
+static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static nb_rng RNG;
+static uint32_t rnd32(void) { return (uint32_t)nb_rng_next(&RNG); }
+static double unif(void) { return nb_rng_uniform(&RNG); }
+
+static int64_t first_diff(const void *a, const void *b, int64_t nbytes) {
+    const uint8_t *p = a, *q = b;
+    for (int64_t i = 0; i < nbytes; i++)
+        if (p[i] != q[i]) return i;
+    return -1;
+}
+
+#define CHECK_SAME(what, a, b, nbytes, ...) do { int64_t _d = first_diff((a), (b), (nbytes)); nbt_checks++; \
+    if (_d >= 0) { nbt_failures++; fprintf(stderr, "%s:%d: %s differs at byte %lld: ", __FILE__, __LINE__, (what), \
+    (long long)_d); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+/* ---- without a device ------------------------------------------------------------------------------ */
+
+static int no_device(nb_ctx *ctx) {
+    const char *why = nb_cuda_built() ? "no CUDA device is available" : "built without CUDA";
+    nb_cuda_qargs a;
+    nb_cuda_qargs_init(&a);
+    CHECK_EQ_INT(a.div_dtype, NB_F32);
+    float x[32] = {1.0f}, y[32];
+    uint8_t q[32], s[2];
+    CHECK_FAIL(ctx, nb_cuda_quantize_host(ctx, NB_FMT_NVFP4, x, NB_F32, 1, 32, &a, q, s), NB_ERR_DEVICE, why);
+    CHECK_FAIL(ctx, nb_cuda_dequantize_host(ctx, NB_FMT_MXFP8, q, s, 1, 32, &a, y, NB_F32), NB_ERR_DEVICE, why);
+    CHECK_FAIL(ctx, nb_cuda_fake_quant_host(ctx, NB_FMT_FP8_TENSOR, x, NB_F32, 1, 32, &a, y, NB_F32), NB_ERR_DEVICE, why);
+    CHECK_FAIL(ctx, nb_cuda_quantize(ctx, NB_FMT_NVFP4_46, x, NB_BF16, 1, 32, &a, q, s, NULL), NB_ERR_DEVICE, why);
+    CHECK_FAIL(ctx, nb_cuda_dequantize(ctx, NB_FMT_NVFP4, q, s, 1, 32, &a, y, NB_F16, NULL), NB_ERR_DEVICE, why);
+    CHECK_FAIL(ctx, nb_cuda_fake_quant(ctx, NB_FMT_MXFP8, x, NB_F32, 1, 32, &a, y, NB_F32, NULL), NB_ERR_DEVICE, why);
+    if (nbt_failures) return nbt_done("test_quant_cuda");
+    printf("SKIP: %s; every CUDA quantization entry point returned NB_ERR_DEVICE (%d checks)\n", why, nbt_checks);
+    return 77;
+}
+
+/* ---- rows ----------------------------------------------------------------------------------------------- */
+
+enum { KINDS = 11 };
+
+static void gen_block(float *x, int len, int kind, int t) {
+    double sc = ldexp(1.0, (int)(unif() * 60) - 30);
+    for (int i = 0; i < len; i++) {
+        double v;
+        switch (kind) {
+        case 0: v = nb_rng_normal(&RNG) * sc; break;
+        case 1: v = 0.0; break;
+        case 2: v = (i & 1) ? -0.0 : -(double)ldexpf(1.0f, -149) * (rnd32() % 4); break;
+        case 3: v = ldexp((double)((int)(rnd32() % 49) - 24) * 0.25, t); break;
+        case 4: v = nb_rng_normal(&RNG) * 1e30; break;
+        case 5: v = nb_rng_normal(&RNG) * 1e-39; break;
+        case 6: v = nb_rng_normal(&RNG) * 1e-20; break;
+        case 7: v = (double)u2f(rnd32() & 0x807FFFFFu); break;
+        case 8: v = (double)nb_e4m3_to_f32((uint8_t)(rnd32() % 0x7E)) * ((rnd32() & 1) ? 1.5 : 1.0) *
+                    ((rnd32() & 1) ? -1 : 1) * ldexp(1.0, (int)(rnd32() % 8) - 4); break;
+        case 9: v = (double)u2f((rnd32() & 0x80000000u) | (rnd32() % 0x7F7FFFFFu)); break;
+        default: v = (double)(int)(rnd32() % 13 - 6) * sc; break;
+        }
+        x[i] = (float)v;
+    }
+    if (kind == 3) x[rnd32() % (unsigned)len] = (float)ldexp(6.0, t);
+}
+
+/* rows x n floats; 16-bit input dtypes are representable exactly by storing and reloading */
+static void gen(float *x, int64_t rows, int64_t n, int block, nb_dtype xdt, int t) {
+    for (int64_t b = 0; b < rows * n / block; b++) gen_block(x + b * block, block, (int)(rnd32() % KINDS), t);
+    for (int64_t i = 0; i < rows * n; i++) {
+        if (xdt == NB_F16 && !(fabsf(x[i]) <= 65504.0f)) x[i] = 1.0f;
+        if (xdt == NB_BF16 && !(fabsf(x[i]) <= 3.38e38f)) x[i] = 1.0f;
+    }
+}
+
+static int64_t esz(nb_dtype dt) { return dt == NB_F32 ? 4 : 2; }
+static int64_t n_cases = 0;
+
+/* One configuration: the host reference row by row vs the kernels through the host wrappers. */
+static void run_case(nb_ctx *ctx, nb_qformat f, const float *xf, int64_t rows, int64_t n, nb_dtype xdt, nb_dtype ydt,
+                     const nb_cuda_qargs *ca, const char *mode) {
+    const nb_qformat_traits *tr = nb_qformat_info(f);
+    int nv = f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46;
+    int64_t qrow = nv ? n / 2 : n, srow = tr->block_size ? n / tr->block_size : 0;
+    void *x = malloc((size_t)(rows * n * esz(xdt)));
+    float *buf = malloc((size_t)n * 4), *yref = malloc((size_t)n * 4);
+    uint8_t *q0 = malloc((size_t)(rows * qrow) + 1), *q1 = malloc((size_t)(rows * qrow) + 1);
+    uint8_t *s0 = malloc((size_t)(rows * srow) + 1), *s1 = malloc((size_t)(rows * srow) + 1);
+    void *y0 = malloc((size_t)(rows * n * esz(ydt))), *y1 = malloc((size_t)(rows * n * esz(ydt)));
+    for (int64_t r = 0; r < rows; r++) nbq_store_row(x, xdt, r, n, xf + r * n);
+    for (int64_t r = 0; r < rows; r++) {
+        nb_qrow_args a;
+        memset(&a, 0, sizeof a);
+        a.scale = f == NB_FMT_FP8_CHANNEL ? ca->row_scale[r] : ca->scale;
+        a.global_amax = ca->global_amax;
+        a.block_amax = ca->block_amax && nv ? ca->block_amax + r * (n / 16) : NULL;
+        a.mx_floor = ca->mx_floor;
+        a.div_dtype = ca->div_dtype;
+        nbq_load_row(x, xdt, r, n, buf);
+        /* the scalar references, whatever the dispatcher installed */
+        switch (f) {
+        case NB_FMT_NVFP4: nb_nvfp4_quantize_row_ref(buf, n, &a, q0 + r * qrow, s0 + r * srow); nb_nvfp4_fake_row_ref(buf, n, &a, yref); break;
+        case NB_FMT_NVFP4_46: nb_nvfp4_46_quantize_row_ref(buf, n, &a, q0 + r * qrow, s0 + r * srow); nb_nvfp4_46_fake_row_ref(buf, n, &a, yref); break;
+        case NB_FMT_MXFP8: nb_mxfp8_quantize_row_ref(buf, n, &a, q0 + r * qrow, s0 + r * srow); nb_mxfp8_fake_row_ref(buf, n, &a, yref); break;
+        default: nb_fp8_quantize_row_ref(buf, n, &a, q0 + r * qrow, NULL); nb_fp8_fake_row_ref(buf, n, &a, yref); break;
+        }
+        nbq_store_row(y0, ydt, r, n, yref);
+    }
+    CHECK_OK(ctx, nb_cuda_quantize_host(ctx, f, x, xdt, rows, n, ca, q1, s1));
+    CHECK_SAME(tr->name, q0, q1, rows * qrow, "quantize data (%s, %s in)", mode, nb_dtype_info(xdt)->name);
+    CHECK_SAME(tr->name, s0, s1, rows * srow, "quantize scales (%s, %s in)", mode, nb_dtype_info(xdt)->name);
+    CHECK_OK(ctx, nb_cuda_fake_quant_host(ctx, f, x, xdt, rows, n, ca, y1, ydt));
+    CHECK_SAME(tr->name, y0, y1, rows * n * esz(ydt), "fake quant (%s, %s in, %s out)", mode, nb_dtype_info(xdt)->name,
+               nb_dtype_info(ydt)->name);
+    /* dequantize: the quantized bytes, then arbitrary bytes (NaN scale codes, E8M0 255, every code) */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) {
+            for (int64_t i = 0; i < rows * qrow; i++) q0[i] = (uint8_t)rnd32();
+            for (int64_t i = 0; i < rows * srow; i++) s0[i] = (uint8_t)rnd32();
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            nb_qrow_args a;
+            memset(&a, 0, sizeof a);
+            a.scale = f == NB_FMT_FP8_CHANNEL ? ca->row_scale[r] : ca->scale;
+            const uint8_t *qr = q0 + r * qrow, *sr = srow ? s0 + r * srow : NULL;
+            if (nv) nb_nvfp4_dequantize_row_ref(qr, sr, n, &a, yref);
+            else if (f == NB_FMT_MXFP8) nb_mxfp8_dequantize_row_ref(qr, sr, n, &a, yref);
+            else nb_fp8_dequantize_row_ref(qr, sr, n, &a, yref);
+            nbq_store_row(y0, ydt, r, n, yref);
+        }
+        CHECK_OK(ctx, nb_cuda_dequantize_host(ctx, f, q0, s0, rows, n, ca, y1, ydt));
+        CHECK_SAME(tr->name, y0, y1, rows * n * esz(ydt), "dequantize (%s bytes, %s out)", pass ? "random" : "quantized",
+                   nb_dtype_info(ydt)->name);
+    }
+    n_cases++;
+    free(x); free(buf); free(yref); free(q0); free(q1); free(s0); free(s1); free(y0); free(y1);
+}
+
+static float absmax(const float *x, int64_t n) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    return m;
+}
+
+static void test_formats(nb_ctx *ctx) {
+    static const nb_dtype dts[3] = {NB_F32, NB_BF16, NB_F16};
+    const int64_t rows = 24, n = 2048;
+    float *x = malloc((size_t)(rows * n) * 4), *bam = malloc((size_t)(rows * n / 16) * 4), *rs = malloc((size_t)rows * 4);
+    for (int trial = 0; trial < 36; trial++) {
+        nb_dtype xdt = dts[trial % 3], ydt = dts[(trial / 3) % 3];
+        int t = (int)(rnd32() % 30) - 15, mode = trial % 4;
+        gen(x, rows, n, 16, xdt, t);
+        if (xdt != NB_F32) {   /* what the kernels will see */
+            void *tmp = malloc((size_t)(rows * n) * 2);
+            nbq_store_row(tmp, xdt, 0, rows * n, x);
+            nbq_load_row(tmp, xdt, 0, rows * n, x);
+            free(tmp);
+        }
+        float amax = absmax(x, rows * n);
+        nb_cuda_qargs a;
+        /* NVFP4 dynamic: the driver's s2, a power of two (ties), 0 / subnormal (NaN scales), arbitrary */
+        nb_cuda_qargs_init(&a);
+        a.global_amax = amax;
+        a.scale = mode == 0 ? nb_nvfp4_scale2(amax, 448.0f) : mode == 1 ? ldexpf(1.0f, t)
+                : mode == 2 ? ((trial & 4) ? 0.0f : u2f(rnd32() & 0x7FFFFFu)) : (float)unif() * 4.0f;
+        run_case(ctx, NB_FMT_NVFP4, x, rows, n, xdt, ydt, &a, "nvfp4 dynamic");
+        /* static: calibrated block amax (as is, x1.5, 0, arbitrary) */
+        for (int64_t b = 0; b < rows * n / 16; b++) {
+            float m = absmax(x + b * 16, 16);
+            int r = (int)(rnd32() % 4);
+            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(unif() * 4.0);
+        }
+        a.block_amax = bam;
+        a.global_amax = mode == 1 ? ldexpf(2688.0f, t) : absmax(bam, rows * n / 16) + 1e-30f;
+        a.scale = mode == 1 ? ldexpf(1.0f, t) : nb_nvfp4_scale2(a.global_amax, 448.0f);
+        run_case(ctx, NB_FMT_NVFP4, x, rows, n, xdt, ydt, &a, "nvfp4 static");
+        a.global_amax = mode == 1 ? ldexpf(1536.0f, t) : a.global_amax;
+        a.scale = mode == 1 ? ldexpf(1.0f, t) : nb_nvfp4_scale2(a.global_amax, 256.0f);
+        run_case(ctx, NB_FMT_NVFP4_46, x, rows, n, xdt, ydt, &a, "four_over_six static");
+        a.block_amax = NULL;
+        a.global_amax = mode == 1 ? ldexpf(1536.0f, t) : amax + 1e-30f;
+        a.scale = mode == 3 ? (float)unif() * 3.0f : nb_nvfp4_scale2(a.global_amax, 256.0f);
+        run_case(ctx, NB_FMT_NVFP4_46, x, rows, n, xdt, ydt, &a, "four_over_six pick");
+        /* MXFP8 ceil and floor */
+        nb_cuda_qargs_init(&a);
+        a.mx_floor = trial & 1;
+        run_case(ctx, NB_FMT_MXFP8, x, rows, n, xdt, ydt, &a, a.mx_floor ? "mxfp8 floor" : "mxfp8 ceil");
+        /* FP8 per tensor with each div dtype; per channel */
+        nb_cuda_qargs_init(&a);
+        a.scale = mode == 1 ? ldexpf(1.0f, t) : amax / 448.0f;
+        if (a.scale == 0.0f) a.scale = 1.0f;
+        a.div_dtype = dts[(trial / 9) % 3];
+        run_case(ctx, NB_FMT_FP8_TENSOR, x, rows, n, xdt, ydt, &a, "fp8 tensor");
+        nb_cuda_qargs_init(&a);
+        for (int64_t r = 0; r < rows; r++) {
+            rs[r] = absmax(x + r * n, n) / 448.0f;
+            if (rs[r] == 0.0f) rs[r] = 1.0f;
+        }
+        a.row_scale = rs;
+        run_case(ctx, NB_FMT_FP8_CHANNEL, x, rows, n, xdt, ydt, &a, "fp8 channel");
+    }
+    free(x); free(bam); free(rs);
+}
+
+/* Every MXFP8 block amax near the start of each binade of amax/448 (the ceil rule's hard cases). */
+static void test_mx_edges(nb_ctx *ctx) {
+    const int per = 160, kmin = -140, kmax = 119;
+    const int64_t nblk = (int64_t)(kmax - kmin + 1) * per, n = 32 * 64, rows = (nblk + 63) / 64;
+    float *x = calloc((size_t)(rows * n), 4);
+    int64_t b = 0;
+    for (int k = kmin; k <= kmax; k++)
+        for (int j = -16; j < per - 16; j++, b++) {
+            float amax = u2f(f2u(ldexpf(448.0f, k)) + (uint32_t)j);
+            x[b * 32] = (j & 1) ? -amax : amax;
+            for (int i = 1; i < 32; i++) x[b * 32 + i] = amax * (float)unif();
+        }
+    nb_cuda_qargs a;
+    for (int fl = 0; fl < 2; fl++) {
+        nb_cuda_qargs_init(&a);
+        a.mx_floor = fl;
+        run_case(ctx, NB_FMT_MXFP8, x, rows, n, NB_F32, NB_F32, &a, fl ? "mxfp8 edges floor" : "mxfp8 edges ceil");
+    }
+    free(x);
+}
+
+static void test_errors(nb_ctx *ctx) {
+    nb_cuda_qargs a;
+    nb_cuda_qargs_init(&a);
+    float x[48] = {0};
+    uint8_t q[48], s[3];
+    CHECK_FAIL(ctx, nb_cuda_quantize_host(ctx, NB_FMT_NVFP4, x, NB_F32, 1, 24, &a, q, s), NB_ERR_SHAPE,
+               "not divisible by the block size 16");
+    CHECK_FAIL(ctx, nb_cuda_quantize_host(ctx, NB_FMT_NONE, x, NB_F32, 1, 16, &a, q, s), NB_ERR_INVALID,
+               "unknown or empty quantization format");
+    CHECK_FAIL(ctx, nb_cuda_quantize_host(ctx, NB_FMT_FP8_CHANNEL, x, NB_F32, 1, 16, &a, q, s), NB_ERR_INVALID,
+               "row_scale is required");
+    CHECK_FAIL(ctx, nb_cuda_fake_quant_host(ctx, NB_FMT_FP8_TENSOR, x, NB_E4M3, 1, 16, &a, x, NB_F32), NB_ERR_UNSUPPORTED,
+               "f32, bf16 or f16 only");
+}
+
+int main(void) {
+    nb_ctx *ctx = NULL;
+    CHECK_OK(ctx, nb_ctx_new(2, &ctx));
+    if (nb_cuda_device_count() == 0) return no_device(ctx);
+    printf("CUDA devices: %d\n", nb_cuda_device_count());
+    nb_rng_seed(&RNG, 0xc0dac0daULL);
+    test_errors(ctx);
+    test_mx_edges(ctx);
+    test_formats(ctx);
+    printf("configurations compared bit for bit with the scalar reference: %lld\n", (long long)n_cases);
+    nb_ctx_release(ctx);
+    return nbt_done("test_quant_cuda");
+}

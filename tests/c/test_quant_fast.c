@@ -1,0 +1,428 @@
+/* The fast quantizer paths against the scalar references, bit for bit: element kernels swept over
+ * bit patterns, the table-driven MXFP8 scale byte over every binade edge, every AVX2 row function
+ * on random and adversarial rows (zeros, -0, exact E2M1/E4M3 ties, huge, tiny, subnormal, blocks
+ * whose scale underflows FP8, NaN-producing zero scales), static and dynamic, and the drivers end
+ * to end with both paths. Prints which path the dispatcher chose. */
+#include "nbtest.h"
+#include <stdint.h>
+
+#include "nibble/quant_fast.h"
+#include "quant/fast_internal.h"
+
+static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static nb_rng RNG;
+static uint32_t rnd32(void) { return (uint32_t)nb_rng_next(&RNG); }
+static double unif(void) { return nb_rng_uniform(&RNG); }
+
+/* First differing byte, or -1. */
+static int64_t first_diff(const void *a, const void *b, int64_t nbytes) {
+    const uint8_t *p = a, *q = b;
+    for (int64_t i = 0; i < nbytes; i++)
+        if (p[i] != q[i]) return i;
+    return -1;
+}
+
+#define CHECK_SAME(what, a, b, nbytes, ...) do { int64_t _d = first_diff((a), (b), (nbytes)); nbt_checks++; \
+    if (_d >= 0) { nbt_failures++; fprintf(stderr, "%s:%d: %s differs at byte %lld: ", __FILE__, __LINE__, (what), \
+    (long long)_d); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+/* ---- element kernels ------------------------------------------------------------------------------ */
+
+/* Every bf16-truncated pattern with a set of low halves (0, 1, the midpoint bits, all ones, random),
+ * plus the exact E2M1 midpoints and their neighbours. */
+static int64_t sweep_values(float *v) {
+    int64_t k = 0;
+    static const uint32_t lows[] = {0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x0800, 0x07FF, 0x0801, 0x1000};
+    for (uint32_t hi = 0; hi < 65536; hi++) {
+        for (size_t j = 0; j < sizeof lows / sizeof lows[0]; j++) v[k++] = u2f(hi << 16 | lows[j]);
+        for (int j = 0; j < 6; j++) v[k++] = u2f(hi << 16 | (rnd32() & 0xFFFF));
+    }
+    static const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 0.5f, 1.0f, 448.0f, 464.0f, 480.0f};
+    for (size_t j = 0; j < sizeof mids / sizeof mids[0]; j++)
+        for (int d = -2; d <= 2; d++) {
+            v[k++] = u2f(f2u(mids[j]) + (uint32_t)d);
+            v[k++] = -u2f(f2u(mids[j]) + (uint32_t)d);
+        }
+    return k;
+}
+
+static void test_elements(void) {
+    const int64_t cap = 65536 * 16 + 256;
+    float *v = malloc((size_t)cap * sizeof(float)), *y = malloc((size_t)cap * sizeof(float));
+    uint8_t *a = malloc((size_t)cap), *b = malloc((size_t)cap);
+    uint16_t *h0 = malloc((size_t)cap * 2), *h1 = malloc((size_t)cap * 2);
+    int64_t n = sweep_values(v);
+    CHECK(n <= cap);
+    int bad_e4m3 = 0, bad_e2m1 = 0, bad_bf16 = 0, bad_f16 = 0;
+    nbq_avx2_e4m3_encode(v, n, a);
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] != nb_f32_to_e4m3(v[i]) && bad_e4m3++ < 5)
+            fprintf(stderr, "e4m3(%08x): avx2 %02x ref %02x\n", f2u(v[i]), a[i], nb_f32_to_e4m3(v[i]));
+    nbq_avx2_e2m1_encode(v, n, b);
+    for (int64_t i = 0; i < n; i++)
+        if (b[i] != nb_f32_to_e2m1(v[i]) && bad_e2m1++ < 5)
+            fprintf(stderr, "e2m1(%08x): avx2 %x ref %x\n", f2u(v[i]), b[i], nb_f32_to_e2m1(v[i]));
+    nbq_avx2_store_f32(h0, NB_BF16, n, v);
+    for (int64_t i = 0; i < n; i++)
+        if (h0[i] != nb_f32_to_bf16(v[i]) && bad_bf16++ < 5)
+            fprintf(stderr, "bf16(%08x): avx2 %04x ref %04x\n", f2u(v[i]), h0[i], nb_f32_to_bf16(v[i]));
+    nbq_avx2_store_f32(h1, NB_F16, n, v);
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(v[i]) && h1[i] != nb_f32_to_f16(v[i]) && bad_f16++ < 5)
+            fprintf(stderr, "f16(%08x): avx2 %04x ref %04x\n", f2u(v[i]), h1[i], nb_f32_to_f16(v[i]));
+    CHECK_EQ_INT(bad_e4m3, 0);
+    CHECK_EQ_INT(bad_e2m1, 0);
+    CHECK_EQ_INT(bad_bf16, 0);
+    CHECK_EQ_INT(bad_f16, 0);
+    /* plain-C store (the non-AVX2 machines' path) agrees too */
+    {
+        uint16_t *h2 = malloc((size_t)n * 2);
+        for (int64_t i = 0; i < n; i++) h2[i] = nb_f32_to_bf16(v[i]);
+        CHECK_SAME("bf16 store", h0, h2, n * 2, "n=%lld", (long long)n);
+        free(h2);
+    }
+    /* decoders: every E4M3 byte; every BF16 / F16 pattern */
+    uint8_t all[256];
+    float d0[256];
+    for (int i = 0; i < 256; i++) all[i] = (uint8_t)i;
+    nbq_avx2_e4m3_decode(all, 256, d0);
+    int bad_dec = 0;
+    for (int i = 0; i < 256; i++) bad_dec += f2u(d0[i]) != f2u(nb_e4m3_to_f32((uint8_t)i));
+    CHECK_EQ_INT(bad_dec, 0);
+    for (uint32_t i = 0; i < 65536; i++) h0[i] = (uint16_t)i;
+    int bad_load = 0;
+    nbq_avx2_load_f32(h0, NB_BF16, 65536, y);
+    for (uint32_t i = 0; i < 65536; i++) bad_load += f2u(y[i]) != f2u(nb_bf16_to_f32((uint16_t)i));
+    nbq_avx2_load_f32(h0, NB_F16, 65536, y);
+    for (uint32_t i = 0; i < 65536; i++) bad_load += f2u(y[i]) != f2u(nb_f16_to_f32((uint16_t)i));
+    CHECK_EQ_INT(bad_load, 0);
+    /* absmax + non-finite flag, both paths, each dtype, with the max at every position class */
+    for (int dt = 0; dt < 3; dt++) {
+        nb_dtype t = dt == 0 ? NB_F32 : dt == 1 ? NB_BF16 : NB_F16;
+        for (int trial = 0; trial < 200; trial++) {
+            int64_t m = 1 + (int64_t)(unif() * 300);
+            for (int64_t i = 0; i < m; i++) y[i] = (float)(nb_rng_normal(&RNG) * ldexp(1.0, (int)(unif() * 20) - 10));
+            if (trial % 7 == 0) y[(int64_t)(unif() * (double)m)] = (trial & 8) ? -INFINITY : NAN;
+            if (trial % 11 == 0) for (int64_t i = 0; i < m; i++) y[i] = (i & 1) ? -0.0f : 0.0f;
+            void *buf = malloc((size_t)m * 4);
+            nbq_avx2_store_f32(buf, t, m, y);
+            int nf0 = 0, nf1 = 0;
+            float m0 = nbq_avx2_absmax(buf, t, m, &nf0), m1 = nbq_fast_absmax(buf, t, m, &nf1);
+            int want_nf = 0;
+            float want = 0.0f;
+            for (int64_t i = 0; i < m; i++) {
+                double e = nb_load_elem(buf, t, i);
+                if (!isfinite(e)) want_nf = 1;
+                else if (fabs(e) > want) want = (float)fabs(e);
+            }
+            CHECK_EQ_INT(nf0, want_nf);
+            CHECK_EQ_INT(nf1, want_nf);
+            if (!want_nf) {
+                CHECK_EQ_INT(f2u(m0), f2u(want));
+                CHECK_EQ_INT(f2u(m1), f2u(want));
+            }
+            free(buf);
+        }
+    }
+    free(v); free(y); free(a); free(b); free(h0); free(h1);
+}
+
+/* ---- MXFP8 scale byte ------------------------------------------------------------------------------- */
+
+static void test_mx_scale(void) {
+    int bad = 0;
+    int64_t n = 0;
+    /* every amax whose descale amax/448 lies in the first ~4600 patterns of a binade (448 = 1.75*2^8,
+     * so consecutive amax patterns step the descale by ~0.57 of its ulp and cover all of them) */
+    for (int k = -140; k <= 119; k++) {
+        uint32_t base = f2u(ldexpf(448.0f, k));
+        for (int j = -300; j <= 8192; j++) {
+            float amax = u2f(base + (uint32_t)j);
+            for (int fl = 0; fl < 2; fl++) {
+                n++;
+                uint8_t r = nb_mxfp8_scale_byte(amax, fl), f = nbq_mx_scale_byte_fast(amax, fl);
+                if (r != f && bad++ < 5) fprintf(stderr, "mx byte(%08x, floor %d): fast %u ref %u\n", f2u(amax), fl, f, r);
+            }
+        }
+    }
+    /* random finite amax, every subnormal class, zero, and the extremes */
+    for (int i = 0; i < 400000; i++) {
+        uint32_t u = rnd32() & 0x7FFFFFFFu;
+        if (u >= 0x7F800000u) continue;
+        if (i & 1) u >>= (rnd32() % 31);
+        float amax = u2f(u);
+        for (int fl = 0; fl < 2; fl++) {
+            n++;
+            uint8_t r = nb_mxfp8_scale_byte(amax, fl), f = nbq_mx_scale_byte_fast(amax, fl);
+            if (r != f && bad++ < 10) fprintf(stderr, "mx byte(%08x, floor %d): fast %u ref %u\n", u, fl, f, r);
+        }
+    }
+    static const float edge[] = {0.0f, -0.0f, 1e-45f, 1e-40f, 448.0f, 3.4028235e38f, 1.0f, 0x1p-127f, 0x1p-118f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        for (int fl = 0; fl < 2; fl++) bad += nb_mxfp8_scale_byte(edge[i], fl) != nbq_mx_scale_byte_fast(edge[i], fl);
+    CHECK_EQ_INT(bad, 0);
+    /* the table is the rule: thresholds sit inside their binade, past its first pattern */
+    const uint32_t *t = nbq_mx_ceil_table();
+    int order = 0;
+    for (int k = -126; k <= 119; k++) order += !(t[k + 127] > (uint32_t)(k + 127) << 23 && t[k + 127] < (uint32_t)(k + 128) << 23);
+    CHECK_EQ_INT(order, 0);
+    printf("mx scale byte: %lld amax values, table-driven == reference\n", (long long)n);
+}
+
+/* ---- rows -------------------------------------------------------------------------------------------- */
+
+enum { KINDS = 12 };
+
+/* One block (len elements) of a given kind; t = exponent that makes the "tie" kinds exact. */
+static void gen_block(float *x, int len, int kind, int t) {
+    double sc = ldexp(1.0, (int)(unif() * 60) - 30);
+    for (int i = 0; i < len; i++) {
+        double v;
+        switch (kind) {
+        case 0: v = nb_rng_normal(&RNG) * sc; break;                                  /* plain */
+        case 1: v = 0.0; break;                                                       /* zero block */
+        case 2: v = (i & 1) ? -0.0 : -(double)ldexpf(1.0f, -149) * (rnd32() % 4); break;  /* -0 / subnormal negatives */
+        case 3: v = ldexp((double)((int)(rnd32() % 49) - 24) * 0.25, t); break;        /* E2M1 ties at p = 2^t */
+        case 4: v = nb_rng_normal(&RNG) * 1e30; break;                                /* huge */
+        case 5: v = nb_rng_normal(&RNG) * 1e-39; break;                               /* subnormal */
+        case 6: v = nb_rng_normal(&RNG) * 1e-20; break;                               /* tiny: FP8 scale underflow */
+        case 7: v = (double)u2f(rnd32() & 0x807FFFFFu); break;                        /* raw subnormal patterns */
+        case 8: v = (double)nb_e4m3_to_f32((uint8_t)(rnd32() % 0x7E)) * ((rnd32() & 1) ? 1.5 : 1.0) *
+                    ((rnd32() & 1) ? -1 : 1) * ldexp(1.0, (int)(rnd32() % 8) - 4); break;  /* E4M3 grid and midpoints */
+        case 9: v = (double)u2f((rnd32() & 0x80000000u) | (rnd32() % 0x7F7FFFFFu)); break;   /* any finite pattern */
+        case 10: v = (rnd32() & 1) ? 3.4028235e38 : -3.4028235e38; break;            /* FLT_MAX */
+        default: v = (double)(int)(rnd32() % 13 - 6) * sc; break;                      /* small integers */
+        }
+        x[i] = (float)v;
+    }
+    if (kind == 3) x[rnd32() % (unsigned)len] = (float)ldexp(6.0, t) * ((rnd32() & 1) ? 1.0f : -1.0f);
+}
+
+static void gen_row(float *x, int64_t n, int block, int row_kind, int t) {
+    for (int64_t b = 0; b < n / block; b++) {
+        int kind = row_kind >= 0 ? row_kind : (int)(rnd32() % KINDS);
+        gen_block(x + b * block, block, kind, t);
+    }
+    for (int64_t i = (n / block) * block; i < n; i++) x[i] = (float)nb_rng_normal(&RNG);
+}
+
+static float row_absmax(const float *x, int64_t n) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    return m;
+}
+
+typedef struct row_case {
+    const char *name;
+    nb_qrow_quantize_fn qf, qr;
+    nb_qrow_dequantize_fn df, dr;
+    nb_qrow_fake_fn ff, fr;
+    int block;       /* elements per scale (0: FP8, any n) */
+    int qbytes_num;  /* data bytes per element = num/2 */
+} row_case;
+
+static int64_t n_rows_checked = 0;
+
+static void compare_row(const row_case *rc, const float *x, int64_t n, const nb_qrow_args *a, const char *mode) {
+    int64_t qb = n * rc->qbytes_num / 2, sbn = rc->block ? n / rc->block : 0;
+    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
+    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
+    float *y0 = calloc((size_t)n + 1, 4), *y1 = calloc((size_t)n + 1, 4);
+    rc->qr(x, n, a, q0, s0);
+    rc->qf(x, n, a, q1, s1);
+    CHECK_SAME(rc->name, q0, q1, qb, "quantize data, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+    CHECK_SAME(rc->name, s0, s1, sbn, "quantize scales, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+    rc->fr(x, n, a, y0);
+    rc->ff(x, n, a, y1);
+    CHECK_SAME(rc->name, y0, y1, n * 4, "fake, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+    if (rc->dr) {
+        rc->dr(q0, s0, n, a, y0);
+        rc->df(q0, s0, n, a, y1);
+        CHECK_SAME(rc->name, y0, y1, n * 4, "dequantize of the quantized row, %s n=%lld", mode, (long long)n);
+        /* arbitrary bytes too: NaN scale codes, inf E8M0, every data code */
+        for (int64_t i = 0; i < qb; i++) q0[i] = (uint8_t)rnd32();
+        for (int64_t i = 0; i < sbn; i++) s0[i] = (uint8_t)rnd32();
+        rc->dr(q0, s0, n, a, y0);
+        rc->df(q0, s0, n, a, y1);
+        CHECK_SAME(rc->name, y0, y1, n * 4, "dequantize of random bytes, %s n=%lld", mode, (long long)n);
+    }
+    n_rows_checked++;
+    free(q0); free(q1); free(s0); free(s1); free(y0); free(y1);
+}
+
+static const int64_t NV_LENS[] = {16, 48, 128, 144, 256, 400, 1024, 2064};
+static const int64_t MX_LENS[] = {32, 96, 256, 288, 1024, 4096};
+static const int64_t FP8_LENS[] = {1, 7, 8, 31, 32, 33, 100, 257, 1024, 4099};
+
+static void test_nvfp4_rows(void) {
+    row_case nv = {"nvfp4", nbq_avx2_nvfp4_quantize_row, nb_nvfp4_quantize_row_ref, nbq_avx2_nvfp4_dequantize_row,
+                   nb_nvfp4_dequantize_row_ref, nbq_avx2_nvfp4_fake_row, nb_nvfp4_fake_row_ref, 16, 1};
+    row_case nv46 = {"nvfp4_46", nbq_avx2_nvfp4_46_quantize_row, nb_nvfp4_46_quantize_row_ref, NULL, NULL,
+                     nbq_avx2_nvfp4_46_fake_row, nb_nvfp4_46_fake_row_ref, 16, 1};
+    float *x = malloc(4096 * 4), *bam = malloc(4096 / 16 * 4);
+    for (int trial = 0; trial < 1500; trial++) {
+        int64_t n = NV_LENS[trial % 8];
+        int kind = (trial / 8) % (KINDS + 4) - 4;   /* -4..-1: mixed blocks; else one kind per row */
+        if (kind < 0) kind = -1;
+        int t = (int)(rnd32() % 40) - 20;
+        gen_row(x, n, 16, kind, t);
+        float amax = row_absmax(x, n);
+        nb_qrow_args a;
+        memset(&a, 0, sizeof a);
+        a.div_dtype = NB_F32;
+        /* dynamic: the driver's s2 from the data; or an exact power of two (ties land on the grid);
+         * or an arbitrary scale (incl. 0 and subnormal: NaN/Inf block scales) */
+        int mode = trial % 5;
+        if (mode == 0 || mode == 3) a.scale = nb_nvfp4_scale2(amax, 448.0f);
+        else if (mode == 1) a.scale = ldexpf(1.0f, t);
+        else if (mode == 2) a.scale = (trial & 8) ? 0.0f : u2f(rnd32() & 0x007FFFFFu);
+        else a.scale = (float)(unif() * 10.0);
+        a.global_amax = amax;
+        compare_row(&nv, x, n, &a, "dynamic");
+        /* static: calibrated per-block amax (the data's, scaled, zeros), G = max or the tie value */
+        for (int64_t b = 0; b < n / 16; b++) {
+            float m = row_absmax(x + b * 16, 16);
+            int r = (int)(rnd32() % 4);
+            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(unif() * 4.0);
+        }
+        a.block_amax = bam;
+        a.global_amax = mode == 1 ? ldexpf(2688.0f, t) : row_absmax(bam, n / 16);
+        if (a.global_amax == 0.0f) a.global_amax = 1.0f;
+        a.scale = mode == 1 ? ldexpf(1.0f, t) : nb_nvfp4_scale2(a.global_amax, 448.0f);
+        compare_row(&nv, x, n, &a, "static");
+        a.scale = mode == 1 ? ldexpf(1.0f, t) : nb_nvfp4_scale2(a.global_amax, 256.0f);
+        if (mode == 1) a.global_amax = ldexpf(1536.0f, t);
+        compare_row(&nv46, x, n, &a, "46 static");
+        /* four_over_six per-block pick: G from the data, from the tie exponent, or an odd value;
+         * the row's scale equal to G/1536 (the driver's case) or not */
+        a.block_amax = NULL;
+        a.global_amax = mode == 1 ? ldexpf(1536.0f, t) : mode == 4 ? (float)(unif() * 100.0) + 1e-3f : amax;
+        if (a.global_amax == 0.0f) a.global_amax = 1e-30f;
+        a.scale = (trial & 16) ? (float)(unif() * 3.0) : nb_nvfp4_scale2(a.global_amax, 256.0f);
+        compare_row(&nv46, x, n, &a, "46 pick");
+    }
+    free(x);
+    free(bam);
+}
+
+static void test_mxfp8_rows(void) {
+    row_case mx = {"mxfp8", nbq_avx2_mxfp8_quantize_row, nb_mxfp8_quantize_row_ref, nbq_avx2_mxfp8_dequantize_row,
+                   nb_mxfp8_dequantize_row_ref, nbq_avx2_mxfp8_fake_row, nb_mxfp8_fake_row_ref, 32, 2};
+    float *x = malloc(4096 * 4);
+    for (int trial = 0; trial < 1200; trial++) {
+        int64_t n = MX_LENS[trial % 6];
+        int kind = (trial / 6) % (KINDS + 4) - 4;
+        if (kind < 0) kind = -1;
+        gen_row(x, n, 32, kind, (int)(rnd32() % 40) - 20);
+        nb_qrow_args a;
+        memset(&a, 0, sizeof a);
+        a.mx_floor = trial & 1;
+        compare_row(&mx, x, n, &a, a.mx_floor ? "floor" : "ceil");
+    }
+    free(x);
+}
+
+static void test_fp8_rows(void) {
+    row_case fp = {"fp8", nbq_avx2_fp8_quantize_row, nb_fp8_quantize_row_ref, nbq_avx2_fp8_dequantize_row,
+                   nb_fp8_dequantize_row_ref, nbq_avx2_fp8_fake_row, nb_fp8_fake_row_ref, 0, 2};
+    float *x = malloc(4100 * 4);
+    for (int trial = 0; trial < 1500; trial++) {
+        int64_t n = FP8_LENS[trial % 10];
+        int kind = (trial / 10) % (KINDS + 4) - 4;
+        if (kind < 0) kind = -1;
+        gen_row(x, n, 1, kind, (int)(rnd32() % 40) - 20);
+        nb_qrow_args a;
+        memset(&a, 0, sizeof a);
+        float amax = row_absmax(x, n);
+        int mode = trial % 4;
+        a.scale = mode == 0 ? amax / 448.0f : mode == 1 ? ldexpf(1.0f, (int)(rnd32() % 40) - 20)
+                : mode == 2 ? amax / 448.0f * 0.001f : (float)(unif() * 2.0) + 1e-30f;
+        if (a.scale == 0.0f) a.scale = 1.0f;
+        a.global_amax = amax;
+        static const int32_t dts[3] = {NB_F32, NB_BF16, NB_F16};
+        a.div_dtype = dts[(trial / 4) % 3];
+        compare_row(&fp, x, n, &a, a.div_dtype == NB_F32 ? "f32" : a.div_dtype == NB_BF16 ? "bf16 div" : "f16 div");
+    }
+    free(x);
+}
+
+/* ---- drivers end to end with both paths ----------------------------------------------------------- */
+
+static void test_drivers(nb_ctx *ctx) {
+    static const nb_dtype dts[3] = {NB_F32, NB_BF16, NB_F16};
+    const int64_t shape[2] = {37, 2048};
+    for (int f = NB_FMT_NVFP4; f < NB_FMT_COUNT; f++) {
+        for (int d = 0; d < 3; d++) {
+            nb_tensor *x = NULL, *ya = NULL, *yr = NULL, *da = NULL, *dr = NULL;
+            CHECK_OK(ctx, nb_tensor_new(ctx, dts[d], 2, shape, &x));
+            CHECK_OK(ctx, nb_tensor_new(ctx, dts[d], 2, shape, &ya));
+            CHECK_OK(ctx, nb_tensor_new(ctx, dts[d], 2, shape, &yr));
+            if (!x || !ya || !yr) return;
+            float *tmp = malloc((size_t)shape[1] * 4);
+            for (int64_t r = 0; r < shape[0]; r++) {
+                gen_row(tmp, shape[1], 16, r % 3 == 0 ? -1 : 0, (int)r - 18);
+                for (int64_t i = 0; i < shape[1]; i++) if (!isfinite(tmp[i]) || fabsf(tmp[i]) > 60000.0f) tmp[i] = 1.0f;
+                if (r == 5) for (int64_t i = 0; i < shape[1]; i++) tmp[i] = i % 64 ? 0.0f : 1.0f;
+                nbq_fast_store_f32((char *)nb_tensor_data(x) + r * shape[1] * (dts[d] == NB_F32 ? 4 : 2), dts[d], shape[1], tmp);
+            }
+            free(tmp);
+            nb_qparams p;
+            nb_qparams_init(&p, (nb_qformat)f);
+            nb_qtensor *qa = NULL, *qr = NULL;
+            CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "avx2"));
+            CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
+            CHECK_OK(ctx, nb_fake_quant(ctx, x, &p, ya));
+            if (qa) CHECK_OK(ctx, nb_qtensor_dequantize(ctx, qa, NB_F32, &da));
+            CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
+            CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
+            CHECK_OK(ctx, nb_fake_quant(ctx, x, &p, yr));
+            if (qr) CHECK_OK(ctx, nb_qtensor_dequantize(ctx, qr, NB_F32, &dr));
+            const char *fname = nb_qformat_info((nb_qformat)f)->name;
+            if (qa && qr) {
+                CHECK_SAME(fname, nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data),
+                           "driver quantize data, %s input", nb_dtype_info(dts[d])->name);
+                CHECK_SAME(fname, nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale),
+                           "driver quantize scale, %s input", nb_dtype_info(dts[d])->name);
+                if (qa->scale2) CHECK_EQ_INT(f2u(*(float *)nb_tensor_data(qa->scale2)), f2u(*(float *)nb_tensor_data(qr->scale2)));
+            }
+            if (da && dr) CHECK_SAME(fname, nb_tensor_data(da), nb_tensor_data(dr), nb_tensor_nbytes(da), "driver dequantize");
+            CHECK_SAME(fname, nb_tensor_data(ya), nb_tensor_data(yr), nb_tensor_nbytes(ya), "driver fake quant, %s",
+                       nb_dtype_info(dts[d])->name);
+            nb_qtensor_release(qa); nb_qtensor_release(qr);
+            nb_tensor_release(x); nb_tensor_release(ya); nb_tensor_release(yr);
+            nb_tensor_release(da); nb_tensor_release(dr);
+        }
+    }
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+}
+
+int main(void) {
+    nb_ctx *ctx = NULL;
+    CHECK_OK(ctx, nb_ctx_new(2, &ctx));
+    nb_rng_seed(&RNG, 0x5eedf00dULL);
+    const char *path = nb_quant_cpu_path();
+    printf("quantizer CPU path chosen at load: %s (CPU has AVX2+FMA+F16C: %s)\n", path, nbq_cpu_has_avx2() ? "yes" : "no");
+    if (!nbq_cpu_has_avx2()) {
+        CHECK(strcmp(path, "reference") == 0 || getenv("NIBBLE_QUANT_PATH"));
+        CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "avx2"), NB_ERR_UNSUPPORTED, "lacks AVX2");
+        test_mx_scale();
+        return nbt_done("test_quant_fast (no AVX2 on this CPU: only the portable pieces ran)");
+    }
+    if (!getenv("NIBBLE_QUANT_PATH")) CHECK(strcmp(path, "avx2") == 0);
+    CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "sse9"), NB_ERR_INVALID, "expected auto, avx2 or reference");
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
+    CHECK(strcmp(nb_quant_cpu_path(), "reference") == 0);
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+    CHECK(strcmp(nb_quant_cpu_path(), "avx2") == 0);
+    test_elements();
+    test_mx_scale();
+    test_nvfp4_rows();
+    test_mxfp8_rows();
+    test_fp8_rows();
+    test_drivers(ctx);
+    printf("rows compared bit for bit (quantize, fake, dequantize): %lld\n", (long long)n_rows_checked);
+    nb_ctx_release(ctx);
+    return nbt_done("test_quant_fast");
+}
