@@ -85,7 +85,13 @@ function M.new(model)
   local out = ffi.new("nb_qmodel *[1]")
   check(C.nb_qmodel_new(ctx(), p, out))
   nibble.note_native()
-  return setmetatable({ _p = ffi.gc(out[0], C.nb_qmodel_free), model = model }, QModel)
+  -- The finalizer closes over the model: a finalizer's upvalues stay reachable until it has run, so
+  -- the model (whose hooks nb_qmodel_free removes) is never collected before the qmodel.
+  local function finalize(q)
+    C.nb_qmodel_free(q)
+    local _ = model
+  end
+  return setmetatable({ _p = ffi.gc(out[0], finalize), model = model }, QModel)
 end
 
 function M.is_qmodel(x) return getmetatable(x) == QModel end
@@ -292,11 +298,78 @@ function M.probe(path, module)
   local info = ffi.new("nb_readback_info")
   check(C.nb_readback_probe(ctx(), st, module, info))
   C.nb_st_close(ffi.gc(st, nil))
+  return M.info_table(info)
+end
+
+function M.info_table(info)
   local f = tonumber(info.format)
   return { format = f ~= 0 and format_name[f] or nil,
            layout = info.layout == C.NB_LAYOUT_COMPRESSED_TENSORS and "compressed-tensors" or "modelopt",
            input_format = info.input_format ~= 0 and format_name[tonumber(info.input_format)] or nil,
            input_scale = info.input_scale ~= 0 and tonumber(info.input_scale) or nil }
+end
+
+-- The f32 amax whose exported scale (amax / 448, or amax / (6 * 448) for NVFP4) is exactly s: the
+-- product s * k, nudged by an ulp or two when float32 rounding would not give s back.
+local function amax_for_scale(q, s, k)
+  local v = ffi.new("float[1]", s * k)
+  local u = ffi.new("union { float f; int32_t i; }")
+  local t = nibble.tensor(0, "f32")
+  for _ = 1, 8 do
+    t:set(v[0])
+    check(C.nb_quantizer_set_state(ctx(), q, "amax", t.ptr))
+    local got = ffi.new("float[1]")
+    check(C.nb_quantizer_scale(ctx(), q, got))
+    if got[0] == s then return true end
+    u.f = v[0]
+    u.i = u.i + (got[0] < s and 1 or -1)
+    v[0] = u.f
+  end
+  return false
+end
+
+-- activations(model [, path]): the activation quantization an exported checkpoint ships (W4A4
+-- NVFP4 or W8A8 FP8 input scales), installed on the read-back model as input fake quant with
+-- exactly the stored scales (the weights were already dequantized when the model was loaded). Returns
+-- the qmodel that holds the hooks (keep it alive) and the number of modules, or nil when the
+-- checkpoint stores no input scale (weight-only formats, or not an export).
+function M.activations(model, path)
+  local m = model_ptr(model)
+  path = path or (type(model) == "table" and model.path) or ffi.string(C.nb_model_path(m))
+  if C.nb_model_format_of(m) ~= C.NB_MODEL_HF or path == "" then return nil, 0 end
+  local out = ffi.new("nb_st *[1]")
+  if C.nb_st_open(ctx(), path, out) ~= 0 then
+    C.nb_ctx_clear_error(ctx())
+    return nil, 0
+  end
+  local st = ffi.gc(out[0], C.nb_st_close)
+  local qm, n = nil, 0
+  local info = ffi.new("nb_readback_info")
+  local mul = { [tonumber(C.NB_FMT_NVFP4)] = 6 * 448, [tonumber(C.NB_FMT_FP8_TENSOR)] = 448 }
+  local ok, err = pcall(function()
+    local probe = M.new(model)
+    for i = 1, probe:count() do
+      local name = probe:name(i)
+      check(C.nb_readback_probe(ctx(), st, name, info))
+      if info.input_format ~= C.NB_FMT_NONE then
+        qm = qm or probe
+        local wf = info.format == C.NB_FMT_FP8_CHANNEL and "fp8_channel" or format_name[tonumber(info.format)]
+        qm:set(name, { weight = wf, input = format_name[tonumber(info.input_format)] })
+        local p = qp(qm)
+        -- the weights are already what shipped: only the activations are quantized now
+        C.nb_quantizer_set_enabled(C.nb_qmodel_weight_quantizer(p, i - 1), 0)
+        local iq = C.nb_qmodel_input_quantizer(p, i - 1)
+        if not amax_for_scale(iq, info.input_scale, mul[tonumber(info.input_format)]) then
+          fail(("%s: no float32 amax reproduces input_scale %.9g"):format(name, info.input_scale))
+        end
+        n = n + 1
+      end
+    end
+    if qm then qm:set_fake(true) else probe:free() end
+  end)
+  C.nb_st_close(ffi.gc(st, nil))
+  if not ok then error(err, 0) end
+  return qm, n
 end
 
 return M

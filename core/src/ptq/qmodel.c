@@ -345,7 +345,10 @@ nb_status nb_qmodel_calibrate_weights(nb_ctx *ctx, nb_qmodel *qm, const nb_calib
             nb_qmod *q = &qm->mods[i];
             if (!q->wq || !nb_quantizer_enabled(q->wq)) continue;
             nb_qformat_traits const *t = nb_qformat_info((nb_qformat)q->spec.weight_format);
+            /* the second pass searches an amax: four_over_six is NVFP4's per-block choice, and MXFP8
+             * has no calibrated amax at all (its block scales come from the data), so both keep max */
             if (pass == 1 && t->block_size == 0 && cfg->method == NB_CALIB_FOUR_OVER_SIX) continue;
+            if (pass == 1 && q->spec.weight_format == NB_FMT_MXFP8) continue;
             nb_tensor *w = nb_model_param(qm->m, q->info.weight_param);
             nb_calib *cal = NULL;
             nb_status s = nb_calib_new(ctx, q->wq, c, &cal);

@@ -52,6 +52,10 @@ return function(args)
   end
   local ok, m = pcall(nibble.model.load, o.model)
   if not ok then return err(clean(m)) end
+  -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
+  local okq, aq, naq = pcall(nibble.qmodel.activations, m)
+  if not okq then return err(clean(aq)) end
+  if naq > 0 then io.stderr:write(("nibble eval: activations quantized as exported (%d modules)\n"):format(naq)) end
   local teacher
   if o.teacher then
     local okt, t = pcall(nibble.model.load, o.teacher)
@@ -74,5 +78,6 @@ return function(args)
     end
     io.stdout:write(("(%.1f s CPU)\n"):format(os.clock() - t0))
   end
+  if aq then aq:free() end   -- the hooks lived until here
   return 0
 end

@@ -49,6 +49,10 @@ return function(args)
   if o.n ~= math.floor(o.n) then return err("-n needs an integer") end
   local ok, m = pcall(nibble.model.load, model)
   if not ok then return err(clean(m)) end
+  -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
+  local okq, aq, naq = pcall(nibble.qmodel.activations, m)
+  if not okq then return err(clean(aq)) end
+  if naq > 0 then io.stderr:write(("nibble generate: activations quantized as exported (%d modules)\n"):format(naq)) end
   o.greedy = greedy or o.temperature == 0
   o.stop = stop
   if not ids then
@@ -65,5 +69,6 @@ return function(args)
   else
     io.stdout:write("\n")
   end
+  if aq then aq:free() end   -- the hooks lived until here
   return 0
 end
