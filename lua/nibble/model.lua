@@ -199,7 +199,14 @@ function Model:requires_grad(glob, flag)
   return tonumber(C.nb_model_set_requires_grad(ptr(self), glob, flag == false and 0 or 1))
 end
 
-function Model:set_recompute(on) C.nb_model_set_recompute(ptr(self), on and 1 or 0) end
+-- set_recompute(true | false | "auto" [, budget_bytes]): how the backward gets each layer's
+-- activations: recomputed per layer (true), kept from the forward (false), or kept while they fit
+-- in the budget (default 1 GiB) and recomputed otherwise ("auto", the default).
+function Model:set_recompute(mode, budget)
+  local v = mode == "auto" and C.NB_RECOMPUTE_AUTO or (mode and C.NB_RECOMPUTE_ALWAYS or C.NB_RECOMPUTE_NEVER)
+  C.nb_model_set_recompute(ptr(self), v)
+  if budget then C.nb_model_set_activation_budget(ptr(self), budget) end
+end
 
 -- ---- tokens -------------------------------------------------------------------------------------
 

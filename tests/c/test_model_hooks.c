@@ -97,10 +97,13 @@ int main(void) {
 
     /* 2. input hooks: an identity observer on every linear sees each input once per forward and
      * once per recomputed layer in the backward; gradients are unchanged */
-    for (int recompute = 1; recompute >= 0; recompute--) {
+    /* modes: always, never, auto with a budget too small (recomputes), auto by default (keeps) */
+    for (int mode = 0; mode < 4; mode++) {
+        int recompute = mode == 0 || mode == 2;
         a = make(ctx, &c);
         b = make(ctx, &c);
-        nb_model_set_recompute(a, recompute);
+        nb_model_set_recompute(a, mode == 0 ? NB_RECOMPUTE_ALWAYS : mode == 1 ? NB_RECOMPUTE_NEVER : NB_RECOMPUTE_AUTO);
+        if (mode == 2) nb_model_set_activation_budget(a, 1000);
         ihook obs[16];
         memset(obs, 0, sizeof obs);
         int k = 0;

@@ -180,9 +180,14 @@ nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int6
 /* Shorthand: all logits, [B*T, vocab]. */
 nb_status nb_model_logits(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T, float *logits);
 
-/* Recompute each layer during the backward (default 1: memory is one layer's activations plus the
- * layer inputs); 0 keeps every layer's activations from the forward (faster, more memory). */
-void nb_model_set_recompute(nb_model *m, int32_t on);
+/* Where the backward gets each layer's activations. ALWAYS: recomputed one layer at a time from the
+ * saved layer inputs (memory: one layer's activations plus the inputs of all layers). NEVER: every
+ * layer's activations are kept from the forward (no recomputation, more memory). AUTO (the default):
+ * kept when they fit in the activation budget, recomputed otherwise. */
+enum { NB_RECOMPUTE_NEVER = 0, NB_RECOMPUTE_ALWAYS = 1, NB_RECOMPUTE_AUTO = 2 };
+void nb_model_set_recompute(nb_model *m, int32_t mode);
+/* AUTO's limit on kept activations, in bytes (default 1 GiB). */
+void nb_model_set_activation_budget(nb_model *m, int64_t bytes);
 
 /* --- backward ---------------------------------------------------------------------------------- */
 

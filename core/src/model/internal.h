@@ -111,7 +111,9 @@ struct nb_model {
     nb_linear lm_head;
     double *inv_freq;           /* head_dim/2 effective inverse frequencies (scaling applied) */
     double *rope_ff;            /* GGUF rope_freqs.weight factors (NB_ROPE_FREQ_FACTORS), or NULL */
-    int32_t recompute;
+    int32_t recompute;          /* NB_RECOMPUTE_* */
+    int64_t act_budget;         /* bytes, for NB_RECOMPUTE_AUTO */
+    int32_t kept_all;           /* the last train forward kept every layer's activations */
     /* training state of the last forward(train = 1) */
     int32_t have_train;
     int64_t tB, tT, tstart;

@@ -1,8 +1,9 @@
 /* Forward and backward of the Llama-family decoder (llama, mistral, qwen2, qwen3) in float32.
  * One code path: RMSNorm -> q/k/v (+bias) -> [q/k RMSNorm] -> RoPE (rotate-half) -> causal GQA
  * attention -> o -> residual -> RMSNorm -> SwiGLU MLP -> residual; final RMSNorm; lm_head.
- * The backward recomputes one layer at a time from the saved layer inputs (nb_model_set_recompute
- * switches to keeping everything), and calls the linear hooks straight-through. */
+ * The backward either reuses every layer's activations or recomputes one layer at a time from the
+ * saved layer inputs (nb_model_set_recompute; by default whichever fits the activation budget), and
+ * treats the linear hooks as straight-through. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,7 +69,12 @@ static void lin_bwd(nb_ctx *ctx, nb_model *m, const nb_linear *lin, const float 
 
 /* ---- activation records -------------------------------------------------------------------- */
 
-static nb_status act_prepare(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A, int64_t B, int64_t T) {
+/* Lays out one layer's activation record for B x T tokens; with A NULL only returns its size
+ * (floats), otherwise grows A's arena and points A's fields into it. */
+static size_t act_layout(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A, int64_t B, int64_t T, nb_status *st) {
+    nb_layer_act dummy;
+    int size_only = A == NULL;
+    if (size_only) A = &dummy;
     const nb_model_config *c = &m->cfg;
     size_t N = (size_t)(B * T), D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size;
     size_t qd = (size_t)(c->n_heads * c->head_dim), kvd = (size_t)(c->n_kv_heads * c->head_dim);
@@ -105,14 +111,21 @@ static nb_status act_prepare(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *
 #undef SLOT
     size_t total = 0;
     for (size_t i = 0; i < k; i++) total += al16(sizes[i]);
-    nb_status s = nb_grow(ctx, &A->arena, &A->arena_floats, total);
-    if (s) return s;
+    if (size_only) return total;
+    *st = nb_grow(ctx, &A->arena, &A->arena_floats, total);
+    if (*st) return 0;
     float *p = A->arena;
     for (size_t i = 0; i < k; i++) {
         *ptrs[i] = p;
         p += al16(sizes[i]);
     }
-    return NB_OK;
+    return total;
+}
+
+static nb_status act_prepare(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A, int64_t B, int64_t T) {
+    nb_status s = NB_OK;
+    act_layout(ctx, m, l, A, B, T, &s);
+    return s;
 }
 
 static nb_status acts_prepare(nb_ctx *ctx, nb_model *m, int64_t n_records) {
@@ -304,7 +317,12 @@ nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int6
     if (s) return s;
 
     int train = opts->train != 0;
-    int keep_all = train && !m->recompute;
+    int keep_all = train && m->recompute == NB_RECOMPUTE_NEVER;
+    if (train && m->recompute == NB_RECOMPUTE_AUTO) {
+        double bytes = 0;
+        for (int64_t l = 0; l < Lc; l++) bytes += 4.0 * (double)act_layout(ctx, m, l, NULL, B, T, NULL);
+        keep_all = bytes <= (double)m->act_budget;
+    }
     /* forward scratch: RoPE tables, then the residual stream (inference only) */
     size_t need = 2 * al16((size_t)(T * half)) + (train ? 0 : (size_t)(N * D));
     if ((s = nb_grow(ctx, &m->ws, &m->ws_floats, need))) return s;
@@ -381,6 +399,7 @@ nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int6
         m->tT = T;
         m->tstart = start;
         m->have_train = 1;
+        m->kept_all = keep_all;
     }
     return NB_OK;
 }
@@ -481,7 +500,7 @@ nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *op
         if (l + 1 < Lc && opts->dhidden && opts->dhidden[l + 1])
             for (int64_t i = 0; i < N * D; i++) dx[i] += opts->dhidden[l + 1][i];
         nb_layer_act *A;
-        if (m->recompute) {
+        if (!m->kept_all) {
             A = &m->acts[0];
             if ((s = act_prepare(ctx, m, l, A, B, T))) return s;
             if ((s = layer_fwd(ctx, m, l, A, m->xs + l * N * D, NULL, &e))) return s;

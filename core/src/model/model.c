@@ -275,7 +275,8 @@ nb_status nb_model_new(nb_ctx *ctx, const nb_model_config *cfg, nb_model **out) 
     m->cfg = *cfg;
     m->format = NB_MODEL_MEMORY;
     m->path = strdup("");
-    m->recompute = 1;
+    m->recompute = NB_RECOMPUTE_AUTO;
+    m->act_budget = (int64_t)1 << 30;
     if ((s = nb_model_alloc_params(ctx, m))) {
         nb_model_free(m);
         return s;
@@ -430,7 +431,10 @@ int64_t nb_model_find_module(const nb_model *m, const char *name) {
     return -1;
 }
 
-void nb_model_set_recompute(nb_model *m, int32_t on) { m->recompute = on ? 1 : 0; }
+void nb_model_set_recompute(nb_model *m, int32_t mode) {
+    m->recompute = mode == NB_RECOMPUTE_NEVER || mode == NB_RECOMPUTE_AUTO ? mode : NB_RECOMPUTE_ALWAYS;
+}
+void nb_model_set_activation_budget(nb_model *m, int64_t bytes) { m->act_budget = bytes > 0 ? bytes : 0; }
 
 /* ---- glob ---------------------------------------------------------------------------------- */
 
