@@ -288,27 +288,28 @@ end
 -- validation (before any compute)
 ---------------------------------------------------------------------------------------------------
 
-local function normalize_rule(rule, i)
-  if type(rule) ~= "table" then error(string.format("recipe: quantize[%d] must be a table {glob, format}", i), 0) end
+local function normalize_rule(rule, i, label)
+  label = label or string.format("quantize[%d]", i)
+  if type(rule) ~= "table" then error(string.format("recipe: %s must be a table {glob, format}", label), 0) end
   local glob, fmt, opts = rule[1], rule[2], rule[3]
   if type(glob) ~= "string" then
-    error(string.format("recipe: quantize[%d]: the first element must be a glob string", i), 0)
+    error(string.format("recipe: %s: the first element must be a glob string", label), 0)
   end
   if fmt ~= false and type(fmt) ~= "string" then
-    error(string.format("recipe: quantize[%d] ('%s'): the format must be a preset name or false", i, glob), 0)
+    error(string.format("recipe: %s ('%s'): the format must be a preset name or false", label, glob), 0)
   end
   if type(fmt) == "string" and not M.presets[fmt] then
     local names = keys_of(M.presets)
-    error(string.format("recipe: quantize[%d] ('%s'): unknown format '%s'%s; known: %s", i, glob, fmt,
+    error(string.format("recipe: %s ('%s'): unknown format '%s'%s; known: %s", label, glob, fmt,
       did_you_mean(fmt, names), table.concat(names, ", ")), 0)
   end
   for k in pairs(rule) do
     if k ~= 1 and k ~= 2 and k ~= 3 and k ~= "optional" and k ~= "from" and k ~= "pos" and k ~= "reason" then
-      error(string.format("recipe: quantize[%d] ('%s'): unknown key '%s'", i, glob, tostring(k)), 0)
+      error(string.format("recipe: %s ('%s'): unknown key '%s'", label, glob, tostring(k)), 0)
     end
   end
   if opts ~= nil and type(opts) ~= "table" then
-    error(string.format("recipe: quantize[%d] ('%s'): options must be a table", i, glob), 0)
+    error(string.format("recipe: %s ('%s'): options must be a table", label, glob), 0)
   end
   return { glob = glob, format = fmt, opts = opts or {}, optional = rule.optional or (rule.from ~= nil),
            from = rule.from, reason = rule.reason, index = i, pos = rule.pos or i }
@@ -341,11 +342,12 @@ function M.validate(r)
   end
   local rules, own = {}, 0
   for i, rule in ipairs(r.quantize or {}) do
-    if not rule.from then own = own + 1 end
-    rules[i] = normalize_rule(rule, i)
+    local from = type(rule) == "table" and rule.from or nil
+    if not from then own = own + 1 end
     -- how messages name a rule: its place in the recipe, or in the unit it came from
-    rules[i].label = rule.from and string.format("rule %d of %s", rule.pos, rule.from)
-                     or string.format("rule %d", own)
+    local label = from and string.format("rule %d of %s", rule.pos, from) or string.format("rule %d", own)
+    rules[i] = normalize_rule(rule, i, label)
+    rules[i].label = label
   end
   return rules
 end
