@@ -300,7 +300,8 @@ function M.apply(qm, plan)
 end
 
 -- run(recipe [, args [, opts]]): the whole PTQ. opts: quiet (no stderr output), dry_run (plan only),
--- model (an already loaded model object to use instead of model.path).
+-- model (an already loaded model object to use instead of model.path), no_export (stop after
+-- calibration: QAD exports later, after training).
 function M.run(r, args, opts)
   opts = opts or {}
   local log = logger(opts.quiet)
@@ -308,7 +309,7 @@ function M.run(r, args, opts)
   r = M.prepare(r, args)
   local mpath = r.model and r.model.path
   local export = r.export or {}
-  if not opts.dry_run and not export.dir then
+  if not opts.dry_run and not opts.no_export and not export.dir then
     error("recipe: export.dir is missing (where to write the checkpoint; nibble quantize: --out DIR)", 0)
   end
   local model = opts.model or M.load_model(mpath)
@@ -333,6 +334,7 @@ function M.run(r, args, opts)
     M.calibrate(qm, model, loader, { algorithm = algorithm, progress = progress_line(opts.quiet) })
     result.calib_seconds = now() - t0
     result.calib_samples = loader.rows_per_epoch
+    result.calib_offset = loader:offset(0)
     result.calib_tokens = loader.rows_per_epoch * loader.seq_len
   else
     log("calibration: weight-only formats need no data: calibrating the weights alone (no forward passes)")
@@ -358,7 +360,7 @@ function M.run(r, args, opts)
   log("weights: mean squared error %.4g (relative %.4g) over %d quantized modules", result.weight_error.mse,
       result.weight_error.rel, result.weight_error.modules)
 
-  if export.dir then
+  if export.dir and not opts.no_export then
     local t0 = now()
     result.skipped = qm:export(export.dir, { layout = export.layout or "modelopt",
                                              allow_uncalibrated = r.allow_uncalibrated,

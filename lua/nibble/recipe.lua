@@ -220,7 +220,12 @@ end
 function M.load(path, args, env_extra)
   local chunk, err = loadfile(path)
   if not chunk then error("recipe: " .. err, 0) end
-  local env = setmetatable({ arg = args or {}, recipe = M }, { __index = _G })
+  -- `nibble` resolves lazily, so plain recipes load without libnibble (the matcher's own specs)
+  local env = setmetatable({ arg = args or {}, recipe = M }, { __index = function(_, k)
+    local v = _G[k]
+    if v == nil and k == "nibble" then v = require("nibble") end
+    return v
+  end })
   if env_extra then for k, v in pairs(env_extra) do env[k] = v end end
   setfenv(chunk, env)
   local r = chunk()

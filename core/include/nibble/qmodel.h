@@ -30,6 +30,9 @@ void nb_qspec_init(nb_qspec *s);
  * unquantized with the reason "no rule". */
 nb_status nb_qmodel_new(nb_ctx *ctx, nb_model *m, nb_qmodel **out);
 void nb_qmodel_free(nb_qmodel *qm);
+/* Forget the model: a later nb_qmodel_free does not touch it (for a host whose finalizers may run
+ * in any order at shutdown, after the model was already freed). */
+void nb_qmodel_detach(nb_qmodel *qm);
 nb_model *nb_qmodel_model(const nb_qmodel *qm);
 
 /* Quantize module `name` (a linear module's HF name) as spec says. NB_ERR_SHAPE when the format's

@@ -81,6 +81,10 @@ void nb_qmodel_free(nb_qmodel *qm) {
     free(qm);
 }
 
+void nb_qmodel_detach(nb_qmodel *qm) {
+    if (qm) qm->hooks_installed = 0;
+}
+
 nb_model *nb_qmodel_model(const nb_qmodel *qm) { return qm->m; }
 int64_t nb_qmodel_count(const nb_qmodel *qm) { return qm->n; }
 const char *nb_qmodel_name(const nb_qmodel *qm, int64_t i) { return (i >= 0 && i < qm->n) ? qm->mods[i].name : NULL; }

@@ -1,0 +1,319 @@
+-- nibble.ptq and nibble.qmodel end to end: recipes resolved against real models, calibration over
+-- packed data with seeded offsets (same seed -> same bytes), the student's fake-quant logits equal to
+-- the logits of its export read back (weights and, for W4A4 / W8A8, activations), untied lm_head
+-- quantized on request (the transformers Llama-3 golden model), four_over_six beating plain NVFP4,
+-- MXFP8 / FP8 / MIXED_PRECISION exports, the coverage report and the export guard from Lua.
+local ffi = require("ffi")
+local nibble = require("nibble")
+local nbspec = require("nbspec")
+local ptq = require("nibble.ptq")
+local recipe = require("nibble.recipe")
+local qmodel = require("nibble.qmodel")
+local C = nibble.C
+
+local stories = nbspec.data("stories260K/hf")
+local train = nbspec.data("text/tinystories_train_head_2MiB.txt")
+local valid = nbspec.data("text/tinystories_valid_head_776KiB.txt")
+local llama3 = nbspec.source_dir .. "/tests/golden/data/model_llama3"
+local fixtures = nbspec.source_dir .. "/tests/recipes/fixtures"
+
+local function need(...)
+  for i = 1, select("#", ...) do
+    if not select(i, ...) then pending("../shared/data is absent") return false end
+  end
+  return true
+end
+
+local function err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(e)
+end
+
+local tmp = nbspec.mkdtemp()
+teardown(function() os.execute("rm -rf " .. nbspec.quote(tmp)) end)
+
+-- tokens 1..T of a fixed pseudo-text (ids < vocab)
+local function ids(T, vocab)
+  local t = nibble.zeros("i32", 2, T)
+  for b = 1, 2 do
+    for i = 1, T do t:set(b, i, i == 1 and 1 or (i * 37 + b * 11) % vocab) end
+  end
+  return t
+end
+
+local function logits(m, toks)
+  return (m:forward(toks))
+end
+
+local function st_info(dir)
+  local w = nibble.load(dir)
+  local out = {}
+  for _, name in ipairs(w:names()) do out[name] = w:info(name) end
+  w:close()
+  return out
+end
+
+local function json_file(path) return nibble.json.decode(nbspec.read(path)) end
+
+local function quiet_run(r, args, opts)
+  opts = opts or {}
+  opts.quiet = true
+  return ptq.run(r, args, opts)
+end
+
+describe("ptq on stories260K", function()
+  it("W4A16: plan, export, and read-back logits equal to the student's fake quant", function()
+    if not need(stories) then return end
+    local out = tmp .. "/w4a16"
+    local res = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories },
+                                      export = { dir = out } })
+    local n = 0
+    for _, e in ipairs(res.plan) do if e.format then n = n + 1 end end
+    assert.are.equal(30, n)
+    assert.are.equal(30, res.weight_error.modules)
+    assert.is_nil(res.calib_samples)   -- weight-only: no forward passes
+    local toks = ids(64, 512)
+    res.qmodel:set_fake(true)
+    local a = logits(res.model, toks)
+    res.qmodel:set_fake(false)
+    local plain = logits(res.model, toks)
+    local back = nibble.model.load(out)
+    local b = logits(back, toks)
+    assert.are.equal(0, a:max_abs_diff(b))
+    assert.is_true(a:max_abs_diff(plain) > 1e-3)
+    local info = st_info(out)
+    assert.are.equal("U8", info["model.layers.0.self_attn.q_proj.weight"].dtype)
+    assert.are.same({ 64, 32 }, { info["model.layers.0.self_attn.q_proj.weight"].shape[1],
+                                  info["model.layers.0.self_attn.q_proj.weight"].shape[2] })
+    assert.are.equal("F32", info["model.layers.0.mlp.down_proj.weight"].dtype)
+    local hq = json_file(out .. "/hf_quant_config.json")
+    assert.are.equal("W4A16_NVFP4", hq.quantization.quant_algo)
+  end)
+
+  it("calibration rows come from the seed: same seed, same bytes; offsets as nb_data_offset says", function()
+    if not need(stories, train) then return end
+    local function run(seed, dir)
+      return quiet_run(recipe.new {
+        extends = "units/nvfp4", model = { path = stories },
+        calibration = { data = train, samples = 12, seq_len = 96, batch = 5, random_offset = true, seed = seed },
+        export = { dir = dir } })
+    end
+    local r1, r2, r3 = run(7, tmp .. "/s7a"), run(7, tmp .. "/s7b"), run(8, tmp .. "/s8")
+    assert.are.equal(12, r1.calib_samples)
+    assert.are.equal(12 * 96, r1.calib_tokens)
+    assert.are.equal(tonumber(C.nb_data_offset(7, 0, 96)), r1.calib_offset)
+    assert.are.equal(tonumber(C.nb_data_offset(8, 0, 96)), r3.calib_offset)
+    assert.are_not.equal(r1.calib_offset, r3.calib_offset)
+    local a, b, c = nbspec.read(tmp .. "/s7a/model.safetensors"), nbspec.read(tmp .. "/s7b/model.safetensors"),
+                    nbspec.read(tmp .. "/s8/model.safetensors")
+    assert.is_true(a == b)
+    assert.is_false(a == c)   -- other rows, other input amaxes
+    assert.are.same({}, r1.uncovered)
+    -- the input scales of siblings are shared (fused), and differ between the two seeds
+    local q1 = qmodel.probe(tmp .. "/s7a", "model.layers.1.self_attn.q_proj")
+    local v1 = qmodel.probe(tmp .. "/s7a", "model.layers.1.self_attn.v_proj")
+    local q3 = qmodel.probe(tmp .. "/s8", "model.layers.1.self_attn.q_proj")
+    assert.are.equal("nvfp4", q1.input_format)
+    assert.are.equal(q1.input_scale, v1.input_scale)
+    assert.are_not.equal(q1.input_scale, q3.input_scale)
+  end)
+
+  for _, case in ipairs { { "nvfp4", "W4A4 NVFP4" }, { "fp8", "W8A8 FP8" } } do
+    it(case[2] .. ": read-back with the export's activation scales equals the calibrated student", function()
+      if not need(stories, train) then return end
+      for _, layout in ipairs { "modelopt", "compressed-tensors" } do
+        local out = tmp .. "/act-" .. case[1] .. "-" .. layout
+        local res = quiet_run(recipe.new {
+          extends = "units/" .. case[1], model = { path = stories },
+          calibration = { data = train, samples = 8, seq_len = 128, batch = 4, seed = 1 },
+          export = { dir = out, layout = layout } })
+        local toks = ids(64, 512)
+        res.qmodel:set_fake(true)
+        local a = logits(res.model, toks)
+        local back = nibble.model.load(out)
+        local w_only = logits(back, toks)
+        local aq, n = qmodel.activations(back)
+        assert.are.equal(case[1] == "fp8" and 35 or 30, n)
+        local b = logits(back, toks)
+        if layout == "modelopt" then
+          assert.are.equal(0, a:max_abs_diff(b))
+        else
+          -- CT stores 1/scale for NVFP4 (one ulp away after inversion) and FP8 scales in the model dtype
+          assert.is_true(a:max_abs_diff(b) < 1e-4 * a:absmax(), case[1] .. " " .. a:max_abs_diff(b))
+        end
+        assert.is_true(a:max_abs_diff(w_only) > 1e-4)   -- the activations matter
+        aq:free()
+      end
+    end)
+  end
+
+  it("four_over_six lowers the weight error and the perplexity against plain NVFP4", function()
+    if not need(stories, valid) then return end
+    local plain = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories },
+                                        export = { dir = tmp .. "/plain" } })
+    local fos = quiet_run(recipe.new { extends = "units/nvfp4_4o6", model = { path = stories },
+                                      export = { dir = tmp .. "/4o6" } })
+    assert.are.equal("four_over_six", fos.algorithm)
+    assert.is_true(fos.weight_error.rel < plain.weight_error.rel,
+      ("4/6 %g vs plain %g"):format(fos.weight_error.rel, plain.weight_error.rel))
+    local function ppl(dir)
+      return nibble.model.load(dir):eval { data = valid, ctx = 512, chunks = 20 }.ppl
+    end
+    local p_plain, p_fos = ppl(tmp .. "/plain"), ppl(tmp .. "/4o6")
+    assert.is_true(p_fos < p_plain, ("4/6 PPL %g vs plain %g"):format(p_fos, p_plain))
+    -- 4/6 keeps NVFP4 bytes on disk: a plain NVFP4 loader reads it
+    assert.are.equal("nvfp4", qmodel.probe(tmp .. "/4o6", "model.layers.0.mlp.up_proj").format)
+  end)
+
+  it("exports MXFP8 and FP8 with the tensors FORMATS §3.4 lists", function()
+    if not need(stories, train) then return end
+    quiet_run(recipe.new { extends = "units/mxfp8", model = { path = stories }, export = { dir = tmp .. "/mx" } })
+    local mx = st_info(tmp .. "/mx")
+    local w, s = mx["model.layers.2.mlp.gate_proj.weight"], mx["model.layers.2.mlp.gate_proj.weight_scale"]
+    assert.are.equal("F8_E4M3", w.dtype)
+    assert.are.same({ 172, 64 }, { w.shape[1], w.shape[2] })
+    assert.are.equal("U8", s.dtype)
+    assert.are.same({ 172, 2 }, { s.shape[1], s.shape[2] })
+    assert.is_nil(mx["model.layers.2.mlp.gate_proj.input_scale"])
+    assert.are.equal("MXFP8", json_file(tmp .. "/mx/hf_quant_config.json").quantization.quant_algo)
+    quiet_run(recipe.new { extends = "units/fp8", model = { path = stories }, export = { dir = tmp .. "/fp8" },
+                           calibration = { data = train, samples = 4, seq_len = 64 } })
+    local f8 = st_info(tmp .. "/fp8")
+    assert.are.equal("F8_E4M3", f8["model.layers.0.mlp.down_proj.weight"].dtype)   -- FP8 has no block: 172 is fine
+    assert.are.equal("F32", f8["model.layers.0.mlp.down_proj.weight_scale"].dtype)
+    assert.are.equal(0, #f8["model.layers.0.mlp.down_proj.weight_scale"].shape)
+    assert.are.equal(0, #f8["model.layers.0.mlp.down_proj.input_scale"].shape)
+    local hq = json_file(tmp .. "/fp8/hf_quant_config.json")
+    assert.are.equal("FP8", hq.quantization.quant_algo)
+    assert.are.same({ "lm_head" }, hq.quantization.exclude_modules)
+  end)
+
+  it("a MIXED_PRECISION recipe (MXFP8 on *.mlp.*, NVFP4 elsewhere) exports and reads back", function()
+    if not need(stories) then return end
+    local out = tmp .. "/mixed"
+    local res = quiet_run(fixtures .. "/mixed.lua", { model = stories, out = out })
+    local hq = json_file(out .. "/hf_quant_config.json")
+    assert.are.equal("MIXED_PRECISION", hq.quantization.quant_algo)
+    local ql = hq.quantization.quantized_layers
+    assert.are.same({ quant_algo = "MXFP8", group_size = 32 }, ql["model.layers.3.mlp.up_proj"])
+    assert.are.same({ quant_algo = "W4A16_NVFP4", group_size = 16 }, ql["model.layers.3.self_attn.o_proj"])
+    assert.is_nil(ql["model.layers.3.mlp.down_proj"])
+    local cfg = json_file(out .. "/config.json")
+    assert.are.equal("MIXED_PRECISION", cfg.quantization_config.quant_algo)
+    local toks = ids(48, 512)
+    res.qmodel:set_fake(true)
+    local a = logits(res.model, toks)
+    local b = logits(nibble.model.load(out), toks)
+    assert.are.equal(0, a:max_abs_diff(b))
+    assert.are.equal("mxfp8", qmodel.probe(out, "model.layers.3.mlp.up_proj").format)
+    assert.are.equal("nvfp4", qmodel.probe(out, "model.layers.3.self_attn.o_proj").format)
+  end)
+end)
+
+describe("untied lm_head (transformers Llama-3 golden model)", function()
+  it("stays unquantized by default and is quantized when a rule names it", function()
+    local m = nibble.model.load(llama3)
+    assert.is_false(m.tied)
+    local mods = ptq.modules(m)
+    local lm = mods[#mods]
+    assert.are.same({ name = "lm_head", kind = "linear", in_features = 32, out_features = 96, tied = false }, lm)
+    local def = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = llama3 },
+                                      export = { dir = tmp .. "/l3-default" } })
+    assert.are.same({ "lm_head" }, json_file(tmp .. "/l3-default/hf_quant_config.json").quantization.exclude_modules)
+    assert.are.equal("F32", st_info(tmp .. "/l3-default")["lm_head.weight"].dtype)
+    for _, layout in ipairs { "modelopt", "compressed-tensors" } do
+      local out = tmp .. "/l3-lm-" .. layout
+      local res = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = llama3 },
+                                        quantize = { { "lm_head", "nvfp4_w4a16" } },
+                                        export = { dir = out, layout = layout } })
+      local plan = {}
+      for _, e in ipairs(res.plan) do plan[e.name] = e end
+      assert.are.equal("nvfp4_w4a16", plan.lm_head.format)
+      local info = st_info(out)
+      local wname = layout == "modelopt" and "lm_head.weight" or "lm_head.weight_packed"
+      assert.are.equal("U8", info[wname].dtype)
+      assert.are.same({ 96, 16 }, { info[wname].shape[1], info[wname].shape[2] })
+      assert.are.equal("F8_E4M3", info["lm_head.weight_scale"].dtype)
+      if layout == "modelopt" then
+        local hq = json_file(out .. "/hf_quant_config.json")
+        assert.are.same({}, hq.quantization.exclude_modules)
+      else
+        local cfg = json_file(out .. "/config.json")
+        assert.are.same({}, cfg.quantization_config.ignore)
+      end
+      local toks = ids(24, 96)
+      res.qmodel:set_fake(true)
+      local a = logits(res.model, toks)
+      local back = nibble.model.load(out)
+      assert.is_false(back.tied)
+      local b = logits(back, toks)
+      if layout == "modelopt" then assert.are.equal(0, a:max_abs_diff(b))
+      else assert.is_true(a:max_abs_diff(b) <= 1e-5 * a:absmax()) end
+    end
+  end)
+end)
+
+describe("nibble.qmodel", function()
+  it("names uncovered input quantizers, and the guard stops or skips them", function()
+    if not need(stories) then return end
+    local m = nibble.model.load(stories)
+    local qm = qmodel.new(m)
+    assert.are.equal(36, qm:count())
+    qm:set("model.layers.0.self_attn.q_proj", { weight = "nvfp4", input = "nvfp4" })
+    qm:set("model.layers.0.self_attn.k_proj", { weight = "nvfp4", input = "nvfp4" })
+    qm:set("model.layers.1.mlp.up_proj", { weight = "mxfp8" })
+    assert.are.same({ weight = "nvfp4", static = false, input = "nvfp4", floor = false, pass_through_bwd = true },
+                    qm:spec("model.layers.0.self_attn.q_proj"))
+    assert.are.equal("no rule", qm:reason("model.layers.0.self_attn.v_proj"))
+    assert.is_true(qm:needs_data())
+    assert.truthy(err_of(qm.set, qm, "model.layers.0.mlp.down_proj", { weight = "nvfp4" })
+      :find("NB_ERR_SHAPE: model.layers.0.mlp.down_proj: in_features 172 is not divisible by the nvfp4 block size 16", 1, true))
+    assert.truthy(err_of(qm.set, qm, "model.layers.0.mlp.up_proj", { weight = "nvfp4", block = 8 })
+      :find("unknown spec key 'block'", 1, true))
+    assert.truthy(err_of(qm.set, qm, "model.layers.0.mlp.up_proj", { weight = "nvfp5" })
+      :find("unknown format nvfp5", 1, true))
+    qm:calibrate_begin("max")
+    qm:calibrate_end()   -- no forward pass: the inputs saw nothing
+    assert.are.same({ "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj" }, qm:uncovered())
+    local e = err_of(qm.export, qm, tmp .. "/guard")
+    assert.truthy(e:find("NB_ERR_UNCALIBRATED: model.layers.0.self_attn.q_proj: input_quantizer is enabled but has "
+                         .. "no calibrated amax", 1, true), e)
+    assert.is_nil(io.open(tmp .. "/guard/config.json"))
+    local skipped = qm:export(tmp .. "/guard", { allow_uncalibrated = true })
+    assert.are.same({ "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj" }, skipped)
+    local info = st_info(tmp .. "/guard")
+    assert.are.equal("F32", info["model.layers.0.self_attn.q_proj.weight"].dtype)
+    assert.are.equal("F8_E4M3", info["model.layers.1.mlp.up_proj.weight"].dtype)
+    -- weight quantizers as nibble.quant objects, sharing state with the qmodel's
+    local wq = qm:weight_quantizer("model.layers.1.mlp.up_proj")
+    assert.are.equal("mxfp8", wq.format)
+    assert.are.equal("model.layers.1.mlp.up_proj.weight_quantizer", wq.name)
+    assert.is_nil(qm:weight_quantizer("model.layers.2.mlp.up_proj"))
+  end)
+
+  it("save, restore, export: the same bytes", function()
+    if not need(stories) then return end
+    local m = nibble.model.load(stories)
+    local qm = qmodel.new(m)
+    ptq.apply(qm, recipe.resolve(recipe.compose(recipe.new { extends = "units/nvfp4_4o6" }), ptq.modules(m)))
+    assert.are.equal(10, qm:fuse_siblings())
+    qm:calibrate_weights("four_over_six")
+    qm:export(tmp .. "/sr1")
+    qm:save(tmp .. "/sr.safetensors")
+    local m2 = nibble.model.load(stories)
+    local qm2 = qmodel.new(m2):restore(tmp .. "/sr.safetensors")
+    qm2:export(tmp .. "/sr2")
+    assert.is_true(nbspec.read(tmp .. "/sr1/model.safetensors") == nbspec.read(tmp .. "/sr2/model.safetensors"))
+    assert.are.equal("nvfp4_46", qm2:spec("model.layers.4.mlp.gate_proj").weight)
+    assert.truthy(tostring(qm2):find("36 linear modules, 30 quantized", 1, true))
+  end)
+
+  it("parses max_shard_size like transformers", function()
+    assert.are.equal(10e9, qmodel.parse_size("10GB"))
+    assert.are.equal(500e6, qmodel.parse_size("500MB"))
+    assert.are.equal(5 * 1024 ^ 3, qmodel.parse_size("5GiB"))
+    assert.are.equal(0, qmodel.parse_size(nil))
+    assert.truthy(err_of(qmodel.parse_size, "lots"):find("cannot read", 1, true))
+  end)
+end)
