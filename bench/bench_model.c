@@ -1,7 +1,8 @@
 /* Model runtime throughput: forward (all logits) and train step (forward + next-token cross-entropy
  * + backward into every parameter's gradient) in tokens/s, on a model loaded from PATH.
  * bench/bench_model.sh runs this and the same model in PyTorch (bench_model.py) and prints ratios.
- * Usage: bench_model --model PATH [--batch 4] [--seq 256] [--threads 2] [--iters 5] [--no-recompute] */
+ * Usage: bench_model --model PATH [--batch 4] [--seq 256] [--threads 2] [--iters 5]
+ *                    [--recompute auto|always|never] [--forward-only | --train-only] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,14 +24,17 @@ static int die(nb_ctx *ctx, const char *what) {
 int main(int argc, char **argv) {
     const char *path = NULL;
     int64_t B = 4, T = 256;
-    int threads = 2, iters = 5, recompute = 1, fwd = 1, train = 1;
+    int threads = 2, iters = 5, recompute = NB_RECOMPUTE_AUTO, fwd = 1, train = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) path = argv[++i];
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--seq") && i + 1 < argc) T = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-recompute")) recompute = 0;
+        else if (!strcmp(argv[i], "--recompute") && i + 1 < argc) {
+            const char *v = argv[++i];
+            recompute = !strcmp(v, "always") ? NB_RECOMPUTE_ALWAYS : !strcmp(v, "never") ? NB_RECOMPUTE_NEVER : NB_RECOMPUTE_AUTO;
+        }
         else if (!strcmp(argv[i], "--forward-only")) train = 0;
         else if (!strcmp(argv[i], "--train-only")) fwd = 0;
         else { fprintf(stderr, "bench_model: unknown argument %s\n", argv[i]); return 2; }
@@ -66,9 +70,10 @@ int main(int argc, char **argv) {
     }
     nb_mem_stats ms;
     nb_ctx_mem(ctx, &ms);
-    printf("{\"impl\": \"nibble\", \"model\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"threads\": %d, \"recompute\": %d, "
+    static const char *rnames[] = {"never", "always", "auto"};
+    printf("{\"impl\": \"nibble\", \"model\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"threads\": %d, \"recompute\": \"%s\", "
            "\"fwd_tok_s\": %.1f, \"train_tok_s\": %.1f, \"loss\": %.6f}\n",
-           path, (long long)B, (long long)T, nb_ctx_threads(ctx), recompute, fwd ? N / fwd_s : 0.0,
+           path, (long long)B, (long long)T, nb_ctx_threads(ctx), rnames[recompute], fwd ? N / fwd_s : 0.0,
            train ? N / train_s : 0.0, loss);
     free(tok);
     free(logits);

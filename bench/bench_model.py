@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""PyTorch side of bench/bench_model.sh: the same HF model directory, the same batch, sequence length
-and thread count as bench_model (C); forward = all logits under no_grad, train step = forward +
-next-token cross-entropy (labels = input ids, HF shifts them) + backward. Prints one JSON line.
+"""nibble vs PyTorch on the CPU: the same HF model directory, batch, sequence length and thread count.
+Forward = all logits (PyTorch under no_grad); train step = forward + mean next-token cross-entropy
+(labels = input ids, HF shifts them) + backward into every parameter's gradient (no optimizer).
 
-Also: `bench_model.py make-random DIR --dim 512 --layers 8 ...` writes a random Llama to DIR with
-transformers (float32 safetensors), so that both sides load identical weights."""
+  bench_model.py compare --bin BUILD/bench/bench_model [--repeat 3]   both sides, best of N, ratios
+  bench_model.py run --model DIR ...                                    the PyTorch side alone (JSON)
+  bench_model.py make-random DIR --dim 512 --layers 8 ...               a random Llama for both sides
+bench/bench_model.sh wraps `compare`."""
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 
@@ -53,9 +57,54 @@ def bench(a):
                       "train_tok_s": round(n / train_s, 1), "loss": loss}))
 
 
+def run_json(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+
+
+def compare(a):
+    here = os.path.dirname(os.path.abspath(__file__))
+    big = os.path.join(a.work, "llama512")
+    if not os.path.exists(os.path.join(big, "model.safetensors")):
+        subprocess.run([sys.executable, __file__, "make-random", big], check=True)
+    cases = []
+    if os.path.isdir(a.stories):
+        cases.append(("stories260K", a.stories, 4, 512, 10))
+    else:
+        print(f"(skipping stories260K: {a.stories} is absent)")
+    cases.append(("llama dim512 L8 V32000 (58M)", big, 4, 256, 3))
+    rows = []
+    for name, path, batch, seq, iters in cases:
+        common = ["--batch", str(batch), "--seq", str(seq), "--threads", str(a.threads), "--iters", str(iters)]
+        best = {}
+        for r in range(a.repeat):   # interleaved, best of N: the machine may be shared
+            for impl, cmd in (("nibble", [a.bin, "--model", path] + common),
+                              ("nibble_recompute", [a.bin, "--model", path, "--recompute", "always"] + common),
+                              ("pytorch", [sys.executable, __file__, "run", "--model", path] + common)):
+                j = run_json(cmd)
+                b = best.setdefault(impl, {"fwd": 0.0, "train": 0.0})
+                b["fwd"] = max(b["fwd"], j["fwd_tok_s"])
+                b["train"] = max(b["train"], j["train_tok_s"])
+        rows.append((name, batch, seq, best))
+    print(f"threads {a.threads}, best of {a.repeat}; tokens/s (higher is better); ratio = nibble / PyTorch")
+    print(f"{'model':32} {'B x T':>9} {'':>6} {'nibble':>10} {'PyTorch':>10} {'ratio':>6}  {'nibble, always recompute':>24}")
+    for name, batch, seq, best in rows:
+        for kind in ("fwd", "train"):
+            n, t, nr = best["nibble"][kind], best["pytorch"][kind], best["nibble_recompute"][kind]
+            print(f"{name:32} {f'{batch}x{seq}':>9} {kind:>6} {n:10.1f} {t:10.1f} {n / t:6.2f}  "
+                  f"{nr:10.1f} ({nr / t:.2f}x)")
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("--bin", required=True, help="the bench_model executable")
+    c.add_argument("--stories", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                     "../../shared/data/stories260K/hf"))
+    c.add_argument("--work", default="/tmp/nibble-bench-model")
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--repeat", type=int, default=3)
     r = sub.add_parser("make-random")
     r.add_argument("dir")
     r.add_argument("--dim", type=int, default=512)
@@ -72,7 +121,12 @@ def main():
     b.add_argument("--iters", type=int, default=5)
     b.add_argument("--attn", default="sdpa")
     a = p.parse_args()
-    make_random(a) if a.cmd == "make-random" else bench(a)
+    if a.cmd == "make-random":
+        make_random(a)
+    elif a.cmd == "compare":
+        compare(a)
+    else:
+        bench(a)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 /* Golden tests against transformers (tests/golden/gen_model_golden.py, float64): tiny random
  * Qwen3 (q/k norm, head_dim != hidden/heads, tied), Llama-3 style (llama3 RoPE scaling, GQA 4:1,
- * untied), Qwen2 (q/k/v biases) and Mistral (sliding window) models saved by save_pretrained.
+ * untied), Qwen2 (q/k/v biases) and Mistral (sliding window) models saved by save_pretrained, and
+ * the Llama-3 and Qwen3 ones again as GGUF (permuted q/k, rope_freqs factors; qwen3 arch).
  * Logits within 1e-4, every output_hidden_states entry, and the gradient of the mean next-token
  * cross-entropy for every parameter (torch autograd) must match. */
 #include <stdlib.h>
@@ -49,6 +50,10 @@ static void check_model(nb_ctx *ctx, const char *name, const char *dir_override)
     CHECK_OK(ctx, nb_model_load(ctx, dir_override ? dir_override : dir, &m));
     if (!m) { free(ids); return; }
     CHECK_EQ_INT(nb_model_get_config(m)->tied, tied);
+    int is_gguf = dir_override && strstr(dir_override, ".gguf") != NULL;
+    CHECK_EQ_INT(nb_model_format_of(m), is_gguf ? NB_MODEL_GGUF : NB_MODEL_HF);
+    if (!strcmp(name, "llama3"))   /* llama3 scaling: from config.json, or as GGUF rope_freqs factors */
+        CHECK_EQ_INT(nb_model_get_config(m)->rope_kind, is_gguf ? NB_ROPE_FREQ_FACTORS : NB_ROPE_LLAMA3);
     CHECK(!strcmp(nb_model_arch_name(m), !strcmp(name, "llama3") ? "llama" : name));
 
     /* logits and hidden states */
@@ -69,7 +74,7 @@ static void check_model(nb_ctx *ctx, const char *name, const char *dir_override)
     CHECK_OK(ctx, nb_model_forward(ctx, m, ids, B, T, &fo));
     double e = 0;
     for (int i = 0; i < N * V; i++) e = fmax(e, fabs(lg[i] - ref[i]));
-    printf("%s%s: max |logits - transformers| = %.3g\n", name, dir_override ? " (old-style config)" : "", e);
+    printf("%s%s: max |logits - transformers| = %.3g\n", name, is_gguf ? " (GGUF)" : dir_override ? " (old-style config)" : "", e);
     CHECK_MSG(e <= 1e-4, "%s: logits differ by %.3g", name, e);
     for (int l = 0; l <= L; l++) {
         double he = 0;
@@ -127,6 +132,10 @@ int main(void) {
     check_model(ctx, "llama3", NULL);
     check_model(ctx, "qwen2", NULL);
     check_model(ctx, "mistral", NULL);
+
+    /* the same weights as GGUF files written the way convert_hf_to_gguf.py writes them */
+    check_model(ctx, "llama3", nbt_src("tests/golden/data/model_llama3/model.gguf"));
+    check_model(ctx, "qwen3", nbt_src("tests/golden/data/model_qwen3/model.gguf"));
 
     /* the llama3 model again with a transformers-4 style config (rope_theta + rope_scaling) */
     char tmp[] = "/tmp/nibble-test-golden-XXXXXX";
