@@ -3,6 +3,7 @@
  * in the same order, with the same clamps and the same round-to-nearest-even bit tricks, 8 lanes
  * at a time. Each function carries target("avx2,fma,f16c") so the rest of libnibble stays baseline
  * x86-64; fast_dispatch.c installs these only when the CPU has them. */
+#include <math.h>
 #include <string.h>
 
 #include "fast_internal.h"
@@ -25,25 +26,26 @@ NB_AVX2 static inline __m256i i32(int v) { return _mm256_set1_epi32(v); }
 NB_AVX2 static inline __m256 f32(float v) { return _mm256_set1_ps(v); }
 NB_AVX2 static inline __m256 vabs(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
 
-/* nb_f32_to_e4m3: NaN -> 0x7F, clamp to ±448, then c10's fp8e4m3fn_from_fp32_value (RNE: normals
- * by the 0x7FFFF + odd bias, subnormals by the magic-number add). One byte per int32 lane. */
-NB_AVX2 static inline __m256i e4m3_enc(__m256 x) {
-    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    __m256 c = _mm256_min_ps(_mm256_max_ps(x, f32(-448.0f)), f32(448.0f));
-    __m256i u = _mm256_castps_si256(c);
-    __m256i sign = _mm256_and_si256(u, i32((int)0x80000000u));
-    __m256i f = _mm256_xor_si256(u, sign);
-    const __m256i dmask = i32(141 << 23);
-    __m256i den = _mm256_sub_epi32(
-        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(f), _mm256_castsi256_ps(dmask))), dmask);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(f, 20), i32(1));
-    __m256i nrm = _mm256_add_epi32(f, i32((int)(((uint32_t)(7 - 127) << 23) + 0x7FFFFu)));
-    nrm = _mm256_srli_epi32(_mm256_add_epi32(nrm, odd), 20);
-    __m256i is_den = _mm256_cmpgt_epi32(i32(121 << 23), f);
-    __m256i r = _mm256_blendv_epi8(nrm, den, is_den);
-    r = _mm256_or_si256(r, _mm256_srli_epi32(sign, 24));
-    return _mm256_blendv_epi8(r, i32(0x7F), _mm256_castps_si256(nan));
+/* nb_f32_to_e4m3: NaN -> 0x7F, clamp to ±448, RNE on the E4M3 grid, sign from the sign bit (so -0 ->
+ * 0x80). The rounding is one float add: a + M with M = 2^(max(e,-6)+20) (e = exponent of a) has an ulp
+ * equal to the grid spacing of a's binade (2^-9 below 2^-6), so the hardware rounds a to the grid,
+ * ties to even, and k = bits(a+M) - bits(M) counts grid steps: code = k + 8*(max(e,-6)+6). This is
+ * the value c10's fp8e4m3fn_from_fp32_value computes (the tests sweep every bf16 pattern and more). */
+NB_AVX2 static inline __m256i e4m3_enc_(__m256 x, const int nan_ok) {
+    __m256 a = _mm256_min_ps(vabs(x), f32(448.0f));
+    __m256i e = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), i32(0x7F800000)), i32(121 << 23));
+    __m256i m = _mm256_add_epi32(e, i32(20 << 23));
+    __m256i k = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(m))), m);
+    __m256i code = _mm256_add_epi32(k, _mm256_sub_epi32(_mm256_srli_epi32(m, 20), i32(8 * 141)));
+    __m256i sign = _mm256_srli_epi32(_mm256_and_si256(_mm256_castps_si256(x), i32((int)0x80000000u)), 24);
+    code = _mm256_or_si256(code, sign);
+    if (!nan_ok) return code;
+    return _mm256_blendv_epi8(code, i32(0x7F), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
 }
+
+/* With NaN handling, and for lanes known to hold no NaN (finite inputs times finite scales). */
+NB_AVX2 static inline __m256i e4m3_enc(__m256 x) { return e4m3_enc_(x, 1); }
+NB_AVX2 static inline __m256i e4m3_enc_nn(__m256 x) { return e4m3_enc_(x, 0); }
 
 /* nb_e4m3_to_f32 of one byte per int32 lane: normals by exponent rebias, subnormals m * 2^-9,
  * 0x7F/0xFF -> ±NaN (0x7FC00000 with the sign). */
@@ -58,21 +60,28 @@ NB_AVX2 static inline __m256 e4m3_dec(__m256i b) {
 }
 
 /* nb_f32_to_e2m1 (ModelOpt _cast_fp4: RNE on {0,.5,1,1.5,2,3,4,6}, saturating, code 8 for v < 0).
- * E2M1 is a float format (bias 1, one mantissa bit), so its RNE is the e4m3 trick with other
- * constants: |v| < 1 by adding 2^22 (ulp 0.5), |v| >= 1 by the 0x1FFFFF + odd bias; |v| > 6 -> 6.
- * A NaN quotient compares false everywhere in the reference, giving code 0. */
-NB_AVX2 static inline __m256i e2m1_enc(__m256 v) {
-    __m256 ord = _mm256_cmp_ps(v, v, _CMP_ORD_Q);
+ * E2M1 is a float format (bias 1, one mantissa bit, subnormal step 0.5), so the rounding is the same
+ * one-add trick as e4m3_enc: M = 2^(max(e,0)+22), k = bits(a+M) - bits(M), code = k + 2*max(e,0);
+ * |v| > 6 saturates to 6 first. A NaN quotient compares false everywhere in the reference: code 0. */
+NB_AVX2 static inline __m256i e2m1_enc_(__m256 v, const int nan_ok) {
     __m256 a = _mm256_min_ps(vabs(v), f32(6.0f));
-    __m256i f = _mm256_castps_si256(a);
-    const __m256i dmask = i32(149 << 23);
-    __m256i den = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(dmask))), dmask);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(f, 22), i32(1));
-    __m256i nrm = _mm256_add_epi32(f, i32((int)(((uint32_t)(1 - 127) << 23) + 0x1FFFFFu)));
-    nrm = _mm256_srli_epi32(_mm256_add_epi32(nrm, odd), 22);
-    __m256i code = _mm256_blendv_epi8(nrm, den, _mm256_cmpgt_epi32(i32(127 << 23), f));
+    __m256i e = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), i32(0x7F800000)), i32(127 << 23));
+    __m256i m = _mm256_add_epi32(e, i32(22 << 23));
+    __m256i k = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(m))), m);
+    __m256i code = _mm256_add_epi32(k, _mm256_sub_epi32(_mm256_srli_epi32(m, 22), i32(2 * 149)));
     __m256i neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ)), i32(8));
-    return _mm256_and_si256(_mm256_or_si256(code, neg), _mm256_castps_si256(ord));
+    code = _mm256_or_si256(code, neg);
+    if (!nan_ok) return code;
+    return _mm256_and_si256(code, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));
+}
+
+NB_AVX2 static inline __m256i e2m1_enc(__m256 v) { return e2m1_enc_(v, 1); }
+NB_AVX2 static inline __m256i e2m1_enc_nn(__m256 v) { return e2m1_enc_(v, 0); }
+
+/* All 8 divisors finite and > 0: then x/p of finite x is never NaN. */
+NB_AVX2 static inline int all_normal_divisors(__m256 p) {
+    __m256 ok = _mm256_and_ps(_mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_GT_OQ), _mm256_cmp_ps(p, f32(INFINITY), _CMP_LT_OQ));
+    return _mm256_movemask_ps(ok) == 0xFF;
 }
 
 /* nb_e2m1_deq[c]: code 8 (-0) is +0.0, so the negative table starts with +0. */
@@ -181,6 +190,28 @@ NB_AVX2 static inline __m256i scale_static(__m256 bam, float global_amax, float 
 
 /* ---- NVFP4 rows -------------------------------------------------------------------------------- */
 
+/* The codes (or fake-quant values) of 8 blocks with divisors p (lane b = block b). */
+NB_AVX2 __attribute__((always_inline)) static inline void nv_blocks8(const float *xg, __m256 p, uint8_t *qg, float *yg,
+                                                                     const int nan_ok) {
+    for (int b = 0; b < 8; b += 2) {
+        __m256 p0 = _mm256_permutevar8x32_ps(p, i32(b)), p1 = _mm256_permutevar8x32_ps(p, i32(b + 1));
+        const float *xb = xg + 16 * b;
+        __m256i c0 = e2m1_enc_(_mm256_div_ps(_mm256_loadu_ps(xb), p0), nan_ok);
+        __m256i c1 = e2m1_enc_(_mm256_div_ps(_mm256_loadu_ps(xb + 8), p0), nan_ok);
+        __m256i c2 = e2m1_enc_(_mm256_div_ps(_mm256_loadu_ps(xb + 16), p1), nan_ok);
+        __m256i c3 = e2m1_enc_(_mm256_div_ps(_mm256_loadu_ps(xb + 24), p1), nan_ok);
+        if (yg) {
+            float *yb = yg + b * NB_NVFP4_BLOCK;
+            _mm256_storeu_ps(yb, _mm256_mul_ps(e2m1_dec(c0), p0));
+            _mm256_storeu_ps(yb + 8, _mm256_mul_ps(e2m1_dec(c1), p0));
+            _mm256_storeu_ps(yb + 16, _mm256_mul_ps(e2m1_dec(c2), p1));
+            _mm256_storeu_ps(yb + 24, _mm256_mul_ps(e2m1_dec(c3), p1));
+        } else {
+            _mm_storeu_si128((__m128i *)(qg + b * 8), pack_nibbles32(c0, c1, c2, c3));
+        }
+    }
+}
+
 /* Groups of 8 blocks: their scales as one vector, then each block's 16 quotients x / p with p
  * broadcast from its lane. Static rows (block_amax) use the calibrated amax; the others the data's. */
 NB_AVX2 static int64_t nv_groups(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s, float *y,
@@ -200,23 +231,11 @@ NB_AVX2 static int64_t nv_groups(const float *x, int64_t n, const nb_qrow_args *
         }
         __m256 p = _mm256_mul_ps(e4m3_dec(sb), s2);
         if (s) store_bytes8(s + g, sb);
-        for (int b = 0; b < 8; b += 2) {
-            __m256 p0 = _mm256_permutevar8x32_ps(p, i32(b)), p1 = _mm256_permutevar8x32_ps(p, i32(b + 1));
-            const float *xb = xg + 16 * b;
-            __m256i c0 = e2m1_enc(_mm256_div_ps(_mm256_loadu_ps(xb), p0));
-            __m256i c1 = e2m1_enc(_mm256_div_ps(_mm256_loadu_ps(xb + 8), p0));
-            __m256i c2 = e2m1_enc(_mm256_div_ps(_mm256_loadu_ps(xb + 16), p1));
-            __m256i c3 = e2m1_enc(_mm256_div_ps(_mm256_loadu_ps(xb + 24), p1));
-            if (y) {
-                float *yb = y + (g + b) * NB_NVFP4_BLOCK;
-                _mm256_storeu_ps(yb, _mm256_mul_ps(e2m1_dec(c0), p0));
-                _mm256_storeu_ps(yb + 8, _mm256_mul_ps(e2m1_dec(c1), p0));
-                _mm256_storeu_ps(yb + 16, _mm256_mul_ps(e2m1_dec(c2), p1));
-                _mm256_storeu_ps(yb + 24, _mm256_mul_ps(e2m1_dec(c3), p1));
-            } else {
-                _mm_storeu_si128((__m128i *)(q + (g + b) * 8), pack_nibbles32(c0, c1, c2, c3));
-            }
-        }
+        int normal = all_normal_divisors(p);
+        if (y && normal) nv_blocks8(xg, p, NULL, y + g * NB_NVFP4_BLOCK, 0);
+        else if (y) nv_blocks8(xg, p, NULL, y + g * NB_NVFP4_BLOCK, 1);
+        else if (normal) nv_blocks8(xg, p, q + g * 8, NULL, 0);
+        else nv_blocks8(xg, p, q + g * 8, NULL, 1);
     }
     return g;   /* blocks done */
 }
@@ -375,17 +394,83 @@ NB_AVX2 static inline float block32_absmax(const float *xb) {
     return hmax(_mm256_max_ps(m0, m1));
 }
 
+/* The E8M0 codes of 8 blocks from their amax (lane b = block b): nbq_mx_scale_byte_fast in lanes for
+ * the common case (descale / amax normal or zero); any other lane goes through the scalar function. */
+NB_AVX2 static inline __m256i mx_codes8(__m256 bam, int ocp_floor, const uint32_t *tab) {
+    __m256i code, special;
+    if (ocp_floor) {
+        __m256i u = _mm256_castps_si256(bam);
+        __m256i zero = _mm256_cmpeq_epi32(u, _mm256_setzero_si256());
+        code = _mm256_sub_epi32(_mm256_srli_epi32(u, 23), i32(8));           /* (E-127-8) + 127 */
+        code = _mm256_min_epi32(_mm256_max_epi32(code, _mm256_setzero_si256()), i32(254));
+        code = _mm256_andnot_si256(zero, code);
+        special = _mm256_andnot_si256(zero, _mm256_cmpgt_epi32(i32(0x00800000), u));   /* subnormal amax */
+    } else {
+        __m256 d = _mm256_div_ps(bam, f32(448.0f));
+        __m256i u = _mm256_castps_si256(d);
+        __m256i zero = _mm256_cmpeq_epi32(u, _mm256_setzero_si256());
+        __m256i idx = _mm256_srli_epi32(u, 23);                               /* k + 127 */
+        __m256i thr = _mm256_i32gather_epi32((const int *)tab, _mm256_min_epi32(idx, i32(254)), 4);
+        __m256i ge = _mm256_cmpeq_epi32(_mm256_max_epu32(u, thr), u);          /* u >= thr, unsigned */
+        code = _mm256_sub_epi32(idx, ge);                                     /* e + 127 = k + 127 + (u >= thr) */
+        code = _mm256_min_epi32(code, i32(254));
+        code = _mm256_andnot_si256(zero, code);
+        special = _mm256_andnot_si256(zero, _mm256_cmpgt_epi32(i32(0x00800000), u));   /* subnormal descale */
+    }
+    if (!_mm256_testz_si256(special, special)) {
+        uint32_t c[8], sp[8];
+        float am[8];
+        _mm256_storeu_si256((__m256i *)c, code);
+        _mm256_storeu_si256((__m256i *)sp, special);
+        _mm256_storeu_ps(am, bam);
+        for (int b = 0; b < 8; b++)
+            if (sp[b]) c[b] = nbq_mx_scale_byte_fast(am[b], ocp_floor);
+        code = _mm256_loadu_si256((const __m256i *)c);
+    }
+    return code;
+}
+
+/* 2^(127-code) per lane (code <= 254; 2^-127 is the subnormal 0x00400000). */
+NB_AVX2 static inline __m256 mx_scale_factor(__m256i code) {
+    __m256i bits = _mm256_slli_epi32(_mm256_sub_epi32(i32(254), code), 23);
+    bits = _mm256_blendv_epi8(bits, i32(0x00400000), _mm256_cmpeq_epi32(code, i32(254)));
+    return _mm256_castsi256_ps(bits);
+}
+
 NB_AVX2 void nbq_avx2_mxfp8_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
-    for (int64_t b = 0; b < n / NB_MXFP8_BLOCK; b++) {
-        const float *xb = x + b * NB_MXFP8_BLOCK;
+    const uint32_t *tab = nbq_mx_ceil_table();
+    int64_t nb = n / NB_MXFP8_BLOCK, g = 0;
+    for (; g + 8 <= nb; g += 8) {
+        const float *xg = x + g * NB_MXFP8_BLOCK;
+        __m256 m[8];
+        for (int b = 0; b < 8; b++) {
+            const float *xb = xg + b * NB_MXFP8_BLOCK;
+            m[b] = _mm256_max_ps(_mm256_max_ps(vabs(_mm256_loadu_ps(xb)), vabs(_mm256_loadu_ps(xb + 8))),
+                                 _mm256_max_ps(vabs(_mm256_loadu_ps(xb + 16)), vabs(_mm256_loadu_ps(xb + 24))));
+        }
+        __m256i code = mx_codes8(hmax8(m), a->mx_floor, tab);
+        __m256 sf = mx_scale_factor(code);
+        store_bytes8(s + g, code);
+        for (int b = 0; b < 8; b++) {
+            const float *xb = xg + b * NB_MXFP8_BLOCK;
+            __m256 f = _mm256_permutevar8x32_ps(sf, i32(b));
+            __m256i r = pack_bytes32(e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb), f)),
+                                     e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 8), f)),
+                                     e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 16), f)),
+                                     e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 24), f)));
+            _mm256_storeu_si256((__m256i *)(q + (g + b) * NB_MXFP8_BLOCK), r);
+        }
+    }
+    for (; g < nb; g++) {
+        const float *xb = x + g * NB_MXFP8_BLOCK;
         uint8_t code = nbq_mx_scale_byte_fast(block32_absmax(xb), a->mx_floor);
-        s[b] = code;
+        s[g] = code;
         __m256 sf = f32(pow2_f32(127 - (int)code));
-        __m256i r = pack_bytes32(e4m3_enc(_mm256_mul_ps(_mm256_loadu_ps(xb), sf)),
-                                 e4m3_enc(_mm256_mul_ps(_mm256_loadu_ps(xb + 8), sf)),
-                                 e4m3_enc(_mm256_mul_ps(_mm256_loadu_ps(xb + 16), sf)),
-                                 e4m3_enc(_mm256_mul_ps(_mm256_loadu_ps(xb + 24), sf)));
-        _mm256_storeu_si256((__m256i *)(q + b * NB_MXFP8_BLOCK), r);
+        __m256i r = pack_bytes32(e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb), sf)),
+                                 e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 8), sf)),
+                                 e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 16), sf)),
+                                 e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 24), sf)));
+        _mm256_storeu_si256((__m256i *)(q + g * NB_MXFP8_BLOCK), r);
     }
 }
 
@@ -400,13 +485,39 @@ NB_AVX2 void nbq_avx2_mxfp8_dequantize_row(const uint8_t *q, const uint8_t *s, i
 }
 
 NB_AVX2 void nbq_avx2_mxfp8_fake_row(const float *x, int64_t n, const nb_qrow_args *a, float *y) {
-    for (int64_t b = 0; b < n / NB_MXFP8_BLOCK; b++) {
-        const float *xb = x + b * NB_MXFP8_BLOCK;
+    const uint32_t *tab = nbq_mx_ceil_table();
+    int64_t nb = n / NB_MXFP8_BLOCK, g = 0;
+    for (; g + 8 <= nb; g += 8) {
+        const float *xg = x + g * NB_MXFP8_BLOCK;
+        __m256 m[8];
+        for (int b = 0; b < 8; b++) {
+            const float *xb = xg + b * NB_MXFP8_BLOCK;
+            m[b] = _mm256_max_ps(_mm256_max_ps(vabs(_mm256_loadu_ps(xb)), vabs(_mm256_loadu_ps(xb + 8))),
+                                 _mm256_max_ps(vabs(_mm256_loadu_ps(xb + 16)), vabs(_mm256_loadu_ps(xb + 24))));
+        }
+        __m256i code = mx_codes8(hmax8(m), a->mx_floor, tab);
+        __m256 sf = mx_scale_factor(code);
+        /* 2^(code-127): exponent field = code for code >= 1; code 0 -> 2^-127 */
+        __m256i dbits = _mm256_blendv_epi8(_mm256_slli_epi32(code, 23), i32(0x00400000),
+                                           _mm256_cmpeq_epi32(code, _mm256_setzero_si256()));
+        __m256 dv = _mm256_castsi256_ps(dbits);
+        for (int b = 0; b < 8; b++) {
+            const float *xb = xg + b * NB_MXFP8_BLOCK;
+            float *yb = y + (g + b) * NB_MXFP8_BLOCK;
+            __m256 f = _mm256_permutevar8x32_ps(sf, i32(b)), d = _mm256_permutevar8x32_ps(dv, i32(b));
+            for (int k = 0; k < 4; k++) {
+                __m256i c = e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), f));
+                _mm256_storeu_ps(yb + 8 * k, _mm256_mul_ps(e4m3_dec(c), d));
+            }
+        }
+    }
+    for (; g < nb; g++) {
+        const float *xb = x + g * NB_MXFP8_BLOCK;
         uint8_t code = nbq_mx_scale_byte_fast(block32_absmax(xb), a->mx_floor);
         __m256 sf = f32(pow2_f32(127 - (int)code)), d = f32(pow2_f32((int)code - 127));
-        float *yb = y + b * NB_MXFP8_BLOCK;
+        float *yb = y + g * NB_MXFP8_BLOCK;
         for (int k = 0; k < 4; k++) {
-            __m256i c = e4m3_enc(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), sf));
+            __m256i c = e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), sf));
             _mm256_storeu_ps(yb + 8 * k, _mm256_mul_ps(e4m3_dec(c), d));
         }
     }
@@ -436,15 +547,23 @@ NB_AVX2 static inline __m256 fp8_scaled(const float *x, __m256 s, int32_t div_dt
     return v;
 }
 
+NB_AVX2 static inline void fp8_q32(const float *x, __m256 sc, int32_t dd, uint8_t *q, const int nan_ok) {
+    __m256i r = pack_bytes32(e4m3_enc_(fp8_scaled(x, sc, dd), nan_ok), e4m3_enc_(fp8_scaled(x + 8, sc, dd), nan_ok),
+                             e4m3_enc_(fp8_scaled(x + 16, sc, dd), nan_ok), e4m3_enc_(fp8_scaled(x + 24, sc, dd), nan_ok));
+    _mm256_storeu_si256((__m256i *)q, r);
+}
+
+/* A finite scale > 0 keeps x/s of finite x out of NaN. */
+static inline int normal_scale(float s) { return s > 0.0f && s < INFINITY; }
+
 NB_AVX2 void nbq_avx2_fp8_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
     const __m256 sc = f32(a->scale);
+    const int32_t dd = a->div_dtype;
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256i r = pack_bytes32(e4m3_enc(fp8_scaled(x + i, sc, a->div_dtype)), e4m3_enc(fp8_scaled(x + i + 8, sc, a->div_dtype)),
-                                 e4m3_enc(fp8_scaled(x + i + 16, sc, a->div_dtype)),
-                                 e4m3_enc(fp8_scaled(x + i + 24, sc, a->div_dtype)));
-        _mm256_storeu_si256((__m256i *)(q + i), r);
-    }
+    if (normal_scale(a->scale))
+        for (; i + 32 <= n; i += 32) fp8_q32(x + i, sc, dd, q + i, 0);
+    else
+        for (; i + 32 <= n; i += 32) fp8_q32(x + i, sc, dd, q + i, 1);
     if (i < n) nb_fp8_quantize_row_ref(x + i, n - i, a, q + i, s);
 }
 

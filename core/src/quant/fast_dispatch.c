@@ -209,6 +209,17 @@ float nbq_fast_absmax_mt(nb_ctx *ctx, const void *src, nb_dtype dt, int64_t n, i
     return *nonfinite ? 0.0f : m;
 }
 
+nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *what, const nb_qparams *p,
+                                  nb_qparams *out) {
+    *out = *p;
+    int nonfinite = 0;
+    float m = nbq_fast_absmax_mt(ctx, nb_tensor_data(x), x->dtype, nb_tensor_numel(x), &nonfinite);
+    if (nonfinite) return nbq_check_finite(ctx, x, what);   /* names the first NaN/Inf */
+    int nvfp4_dynamic = nbq_is_nvfp4(p->format) && !p->block_amax;
+    if ((nvfp4_dynamic || p->format == NB_FMT_FP8_TENSOR) && nbq_from_data(p->amax)) out->amax = m;
+    return NB_OK;
+}
+
 /* ---- choosing the rows ------------------------------------------------------------------------------ */
 
 static nb_status install_avx2(nb_ctx *ctx) {

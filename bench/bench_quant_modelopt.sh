@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# nibble vs ModelOpt's CPU weight quantization on the same 4096x4096 BF16 tensor, same thread count:
+# bench_quant_modelopt.py writes the tensor and times ModelOpt, bench_quant times nibble on those
+# bytes (--input), and the table gives ModelOpt ms / nibble ms per format.
+# Usage: bench/bench_quant_modelopt.sh [BUILD_DIR]   (env: THREADS=2 REPS=5 NIBBLE_PYTHON=/root/nbvenv/bin/python)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-$here/../build}
+py=${NIBBLE_PYTHON:-/root/nbvenv/bin/python}
+threads=${THREADS:-2}
+reps=${REPS:-5}
+bin="$build/bench/bench_quant"
+[ -x "$bin" ] || { echo "no $bin: build nibble first (cmake --build $build)" >&2; exit 1; }
+w=$(mktemp /tmp/nibble_bench_w_bf16.XXXXXX)
+trap 'rm -f "$w"' EXIT
+
+mo=$("$py" "$here/bench_quant_modelopt.py" --threads "$threads" --reps "$reps" --out "$w")
+nb=$("$bin" --threads "$threads" --reps $((reps * 3)) --input "$w" --paths avx2,reference)
+echo "$mo" | grep '^#' || true
+echo "$nb" | head -2
+echo
+printf '%-14s %14s %14s %10s\n' format "modelopt ms" "nibble ms" speedup
+for f in nvfp4 nvfp4_46 mxfp8 fp8 fp8_channel; do
+  m=$(echo "$mo" | awk -v f="$f" '$1 == "modelopt" && $2 == f {print $3}')
+  # nibble's fastest path on this CPU: the avx2 line when present, else the reference line
+  n=$(echo "$nb" | awk -v f="$f" '$1 == f && $2 == "avx2" && $3 ~ /^[0-9.]+$/ {print $3; exit}')
+  [ -n "$n" ] || n=$(echo "$nb" | awk -v f="$f" '$1 == f && $2 == "reference" {print $3; exit}')
+  if [ -n "$m" ] && [ -n "$n" ]; then
+    printf '%-14s %14.3f %14.3f %9.1fx\n' "$f" "$m" "$n" "$(echo "$m / $n" | bc -l)"
+  fi
+done
