@@ -186,7 +186,7 @@ describe("ptq on stories260K", function()
     assert.are.equal(0, #f8["model.layers.0.mlp.down_proj.input_scale"].shape)
     local hq = json_file(tmp .. "/fp8/hf_quant_config.json")
     assert.are.equal("FP8", hq.quantization.quant_algo)
-    assert.are.same({ "lm_head" }, hq.quantization.exclude_modules)
+    assert.are.same({ "lm_head", "model.embed_tokens" }, hq.quantization.exclude_modules)
   end)
 
   it("a MIXED_PRECISION recipe (MXFP8 on *.mlp.*, NVFP4 elsewhere) exports and reads back", function()
@@ -220,7 +220,8 @@ describe("untied lm_head (transformers Llama-3 golden model)", function()
     assert.are.same({ name = "lm_head", kind = "linear", in_features = 32, out_features = 96, tied = false }, lm)
     local def = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = llama3 },
                                       export = { dir = tmp .. "/l3-default" } })
-    assert.are.same({ "lm_head" }, json_file(tmp .. "/l3-default/hf_quant_config.json").quantization.exclude_modules)
+    assert.are.same({ "lm_head", "model.embed_tokens" },
+                    json_file(tmp .. "/l3-default/hf_quant_config.json").quantization.exclude_modules)
     assert.are.equal("F32", st_info(tmp .. "/l3-default")["lm_head.weight"].dtype)
     for _, layout in ipairs { "modelopt", "compressed-tensors" } do
       local out = tmp .. "/l3-lm-" .. layout
@@ -237,7 +238,7 @@ describe("untied lm_head (transformers Llama-3 golden model)", function()
       assert.are.equal("F8_E4M3", info["lm_head.weight_scale"].dtype)
       if layout == "modelopt" then
         local hq = json_file(out .. "/hf_quant_config.json")
-        assert.are.same({}, hq.quantization.exclude_modules)
+        assert.are.same({ "model.embed_tokens" }, hq.quantization.exclude_modules)
       else
         local cfg = json_file(out .. "/config.json")
         assert.are.same({}, cfg.quantization_config.ignore)

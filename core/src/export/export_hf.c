@@ -585,6 +585,19 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
         }
     }
     if (p.mixed) p.algo = "MIXED_PRECISION";
+    /* ModelOpt lists every module that carries a quantizer, disabled ones included, and it puts
+     * (disabled) quantizers on embeddings too: model.embed_tokens is in its exclude_modules */
+    int64_t n_emb = 0;
+    for (int64_t i = 0; i < nb_model_module_count(qm->m); i++)
+        if (nb_model_module_kind(qm->m, i) == NB_MODULE_EMBEDDING) n_emb++;
+    if (n_emb && o->layout == NB_LAYOUT_MODELOPT) {
+        char **grown = realloc(p.unq_names, (size_t)(qm->n + n_emb + 1) * sizeof(char *));
+        if (!grown) { free(p.quant_names); free(p.unq_names); return nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); }
+        p.unq_names = grown;
+        for (int64_t i = 0; i < nb_model_module_count(qm->m); i++)
+            if (nb_model_module_kind(qm->m, i) == NB_MODULE_EMBEDDING)
+                p.unq_names[p.n_unq++] = (char *)nb_model_module_name(qm->m, i);
+    }
     strset excl = {0};
     if (summarize_excludes(p.unq_names, p.n_unq, p.quant_names, p.n_quant, &excl)) s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
 

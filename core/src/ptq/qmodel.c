@@ -217,7 +217,9 @@ nb_status nb_qmodel_fuse_siblings(nb_ctx *ctx, nb_qmodel *qm, int64_t *n_groups)
             if (!ok || !members[0]->wq) continue;
             char label[256];
             snprintf(label, sizeof label, "model.layers.%lld.%s", (long long)layer, labels[set]);
-            if (!nb_quantizer_group(members[0]->wq)) {
+            /* ModelOpt skips the fusion for plain FP8 weights (each keeps its weight_scale; vLLM
+             * requantizes to the max at load); their input scales are equal anyway (one input) */
+            if (members[0]->spec.weight_format != NB_FMT_FP8_TENSOR && !nb_quantizer_group(members[0]->wq)) {
                 nb_status s = make_group(ctx, members, n, 0, label, &made);
                 if (s) return s;
             }
