@@ -43,7 +43,9 @@ int main(int argc, char **argv) {
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(threads, &ctx)) return die(NULL, "context");
     nb_model *m = NULL;
+    double t_load = now();
     if (nb_model_load(ctx, path, &m)) return die(ctx, "load");
+    t_load = now() - t_load;
     nb_model_set_recompute(m, recompute);
     const nb_model_config *c = nb_model_get_config(m);
     int64_t N = B * T, V = c->vocab_size;
@@ -72,9 +74,9 @@ int main(int argc, char **argv) {
     nb_ctx_mem(ctx, &ms);
     static const char *rnames[] = {"never", "always", "auto"};
     printf("{\"impl\": \"nibble\", \"model\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"threads\": %d, \"recompute\": \"%s\", "
-           "\"fwd_tok_s\": %.1f, \"train_tok_s\": %.1f, \"loss\": %.6f}\n",
+           "\"fwd_tok_s\": %.1f, \"train_tok_s\": %.1f, \"loss\": %.6f, \"load_s\": %.3f, \"peak_mb\": %.1f}\n",
            path, (long long)B, (long long)T, nb_ctx_threads(ctx), rnames[recompute], fwd ? N / fwd_s : 0.0,
-           train ? N / train_s : 0.0, loss);
+           train ? N / train_s : 0.0, loss, t_load, (double)ms.peak_bytes / 1048576.0);
     free(tok);
     free(logits);
     nb_model_free(m);

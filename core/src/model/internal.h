@@ -137,7 +137,8 @@ nb_status nb_model_alloc_params(nb_ctx *ctx, nb_model *m);   /* builds params + 
 void nb_model_compute_inv_freq(nb_model *m);
 float *nb_model_pdata(const nb_model *m, int64_t p);         /* NULL for p < 0 */
 float *nb_model_gdata(const nb_model *m, int64_t p);         /* NULL for p < 0, no grads or frozen */
-nb_status nb_grow(nb_ctx *ctx, float **buf, size_t *have, size_t need);
+/* Grow-only float workspace owned by the model (counted in the model's context); errors go to ctx. */
+nb_status nb_grow(nb_model *m, nb_ctx *ctx, float **buf, size_t *have, size_t need);
 nb_status nb_model_validate_config(nb_ctx *ctx, const nb_model_config *c);
 
 /* llama_ref.c: the whole model in double precision from scalar reference ops, for the tests.

@@ -112,7 +112,7 @@ static size_t act_layout(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A, i
     size_t total = 0;
     for (size_t i = 0; i < k; i++) total += al16(sizes[i]);
     if (size_only) return total;
-    *st = nb_grow(ctx, &A->arena, &A->arena_floats, total);
+    *st = nb_grow(m, ctx, &A->arena, &A->arena_floats, total);
     if (*st) return 0;
     float *p = A->arena;
     for (size_t i = 0; i < k; i++) {
@@ -325,12 +325,12 @@ nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int6
     }
     /* forward scratch: RoPE tables, then the residual stream (inference only) */
     size_t need = 2 * al16((size_t)(T * half)) + (train ? 0 : (size_t)(N * D));
-    if ((s = nb_grow(ctx, &m->ws, &m->ws_floats, need))) return s;
+    if ((s = nb_grow(m, ctx, &m->ws, &m->ws_floats, need))) return s;
     float *cos_t = m->ws, *sin_t = m->ws + al16((size_t)(T * half));
     rope_tables(m, pos0, T, cos_t, sin_t);
     float *x;
     if (train) {
-        if ((s = nb_grow(ctx, &m->xs, &m->xs_floats, (size_t)((Lc + 1) * N * D)))) return s;
+        if ((s = nb_grow(m, ctx, &m->xs, &m->xs_floats, (size_t)((Lc + 1) * N * D)))) return s;
         x = m->xs;
     } else {
         x = sin_t + al16((size_t)(T * half));
@@ -353,8 +353,8 @@ nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int6
     const float *xL = train ? m->xs + Lc * N * D : x;
 
     /* final norm over every row (cheap, and the backward needs its rstd) */
-    if ((s = nb_grow(ctx, &m->hf, &m->hf_floats, (size_t)(N * D)))) return s;
-    if ((s = nb_grow(ctx, &m->rstdf, &m->rstdf_floats, (size_t)N))) return s;
+    if ((s = nb_grow(m, ctx, &m->hf, &m->hf_floats, (size_t)(N * D)))) return s;
+    if ((s = nb_grow(m, ctx, &m->rstdf, &m->rstdf_floats, (size_t)N))) return s;
     if ((s = nb_op_rmsnorm_fwd(ctx, xL, nb_model_pdata(m, m->p_norm), m->hf, m->rstdf, N, D, (float)c->rms_eps)))
         return s;
     if (opts->hidden && opts->hidden[Lc]) memcpy(opts->hidden[Lc], m->hf, sizeof(float) * (size_t)(N * D));
@@ -366,7 +366,7 @@ nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int6
     int want_logits = opts->logits || opts->on_logits;
     const float *hsel = m->hf;
     if ((start > 0 || hooked_in) && (want_logits || train)) {
-        if ((s = nb_grow(ctx, &m->hsel, &m->hsel_floats, (size_t)(nsel * D)))) return s;
+        if ((s = nb_grow(m, ctx, &m->hsel, &m->hsel_floats, (size_t)(nsel * D)))) return s;
         for (int64_t r = 0; r < nsel; r++)
             memcpy(m->hsel + r * D, m->hf + sel_row(r, T, start) * D, sizeof(float) * (size_t)D);
         if (hooked_in && (s = lm->hook.input(ctx, lm->hook.user, m->hsel, nsel, D, NB_PASS_FORWARD))) {
@@ -379,7 +379,7 @@ nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int6
         const float *W = lin_weight(m, lm);
         int64_t R = opts->chunk_rows > 0 ? opts->chunk_rows : default_chunk_rows(V);
         if (!opts->on_logits) R = nsel;   /* straight into the caller's buffer */
-        else if (!opts->logits && (s = nb_grow(ctx, &m->logit_buf, &m->logit_floats, (size_t)(R * V)))) return s;
+        else if (!opts->logits && (s = nb_grow(m, ctx, &m->logit_buf, &m->logit_floats, (size_t)(R * V)))) return s;
         for (int64_t r0 = 0; r0 < nsel; r0 += R) {
             int64_t nr = nsel - r0 < R ? nsel - r0 : R;
             float *dst = opts->logits ? opts->logits + r0 * V : m->logit_buf;
@@ -432,7 +432,7 @@ nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *op
                   + 2 * al16((size_t)(N * qd)) + 2 * al16((size_t)(N * kvd))   /* datt dq dk dv */
                   + (c->qk_norm ? al16((size_t)(N * qd)) + al16((size_t)(N * kvd)) : 0)
                   + al16((size_t)(nsel * D));                  /* dhsel */
-    if ((s = nb_grow(ctx, &m->bws, &m->bws_floats, need))) return s;
+    if ((s = nb_grow(m, ctx, &m->bws, &m->bws_floats, need))) return s;
     float *p = m->bws;
     float *dx = p; p += nD;
     float *dhf = p; p += nD;
@@ -460,7 +460,7 @@ nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *op
         const float *W = lin_weight(m, lm);
         float *dW = nb_model_gdata(m, lm->pw);
         int64_t R = default_chunk_rows(V);
-        if (!opts->dlogits && (s = nb_grow(ctx, &m->logit_buf, &m->logit_floats, (size_t)(R * V)))) return s;
+        if (!opts->dlogits && (s = nb_grow(m, ctx, &m->logit_buf, &m->logit_floats, (size_t)(R * V)))) return s;
         for (int64_t r0 = 0; r0 < nsel; r0 += R) {
             int64_t nr = nsel - r0 < R ? nsel - r0 : R;
             const float *dl;

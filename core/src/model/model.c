@@ -298,7 +298,7 @@ nb_status nb_model_init_random(nb_ctx *ctx, nb_model *m, uint64_t seed, double s
     return NB_OK;
 }
 
-static void free_act(nb_layer_act *a) { free(a->arena); }
+#define FREE_WS(buf, n) nb_dealloc(m->ctx, (buf), (n) * sizeof(float))
 
 void nb_model_free(nb_model *m) {
     if (!m) return;
@@ -321,30 +321,33 @@ void nb_model_free(nb_model *m) {
     free(m->rope_ff);
     free(m->path);
     free(m->ttokens);
-    free(m->xs);
-    free(m->hf);
-    free(m->rstdf);
-    free(m->hsel);
-    for (int64_t i = 0; i < m->n_acts; i++) free_act(&m->acts[i]);
+    FREE_WS(m->xs, m->xs_floats);
+    FREE_WS(m->hf, m->hf_floats);
+    FREE_WS(m->rstdf, m->rstdf_floats);
+    FREE_WS(m->hsel, m->hsel_floats);
+    for (int64_t i = 0; i < m->n_acts; i++) FREE_WS(m->acts[i].arena, m->acts[i].arena_floats);
     free(m->acts);
-    free(m->ws);
-    free(m->bws);
-    free(m->logit_buf);
+    FREE_WS(m->ws, m->ws_floats);
+    FREE_WS(m->bws, m->bws_floats);
+    FREE_WS(m->logit_buf, m->logit_floats);
     nb_ctx *ctx = m->ctx;
     free(m);
     nb_ctx_release(ctx);
 }
 
-/* Grow-only scratch (malloc, not nb_alloc: it is rewritten before every read, so the zero fill
- * nb_alloc does would be wasted on every growth). */
-nb_status nb_grow(nb_ctx *ctx, float **buf, size_t *have, size_t need) {
+/* Grow-only workspaces: allocated through the model's context so that nibble's memory counters
+ * (and the Lua GC nudge) see activations; never shrunk while the model lives. */
+nb_status nb_grow(nb_model *m, nb_ctx *ctx, float **buf, size_t *have, size_t need) {
     if (need <= *have && *buf) return NB_OK;
-    free(*buf);
+    nb_dealloc(m->ctx, *buf, *have * sizeof(float));
     *buf = NULL;
     *have = 0;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, (need ? need : 1) * sizeof(float)) != 0 || !p)
+    if (need == 0) need = 1;
+    float *p = nb_alloc(m->ctx, need * sizeof(float));
+    if (!p) {
+        nb_ctx_clear_error(m->ctx);
         return nb_fail(ctx, NB_ERR_NOMEM, "out of memory allocating %zu bytes of activations", need * sizeof(float));
+    }
     *buf = p;
     *have = need;
     return NB_OK;
