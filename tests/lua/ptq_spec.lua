@@ -30,8 +30,14 @@ local function err_of(f, ...)
   return tostring(e)
 end
 
-local tmp = nbspec.mkdtemp()
-teardown(function() os.execute("rm -rf " .. nbspec.quote(tmp)) end)
+-- a directory no other process picks (nbspec.mkdtemp's names can repeat across concurrent runs)
+local tmp_file = os.tmpname()
+local tmp = tmp_file .. ".d"
+os.execute("mkdir -p " .. nbspec.quote(tmp))
+teardown(function()
+  os.execute("rm -rf " .. nbspec.quote(tmp))
+  os.remove(tmp_file)
+end)
 
 -- tokens 1..T of a fixed pseudo-text (ids < vocab)
 local function ids(T, vocab)

@@ -275,13 +275,18 @@ static cJSON *modelopt_quantization_config(const nb_qmodel *qm, const export_pla
             snprintf(key, sizeof key, "group_%d", k);
             cJSON_AddItemToObject(groups, key, g);
         }
-    } else {
+    } else if (!strcmp(p->algo, "FP8") || !strcmp(p->algo, "NVFP4") || !strcmp(p->algo, "W4A16_NVFP4")) {
         cJSON *g = modelopt_group(p->algo, p->group_size);
         cJSON *t = cJSON_AddArrayToObject(g, "targets");
         cJSON_AddItemToArray(t, cJSON_CreateString("Linear"));
         cJSON_AddItemToObject(groups, "group_0", g);
+    } else {
+        /* convert_hf_quant_config_format writes no config_groups for a single MXFP8 or
+         * FP8_PER_CHANNEL_PER_TOKEN checkpoint (only inside MIXED_PRECISION) */
+        cJSON_Delete(groups);
+        groups = NULL;
     }
-    cJSON_AddItemToObject(qc, "config_groups", groups);
+    if (groups) cJSON_AddItemToObject(qc, "config_groups", groups);
     if (p->mixed) {
         cJSON *layers = cJSON_AddObjectToObject(qc, "quantized_layers");
         for (int64_t i = 0; i < qm->n; i++) {

@@ -1,0 +1,97 @@
+-- nibble's export against nvidia-modelopt's own exporter (tests/golden/gen_export_golden.py): the
+-- same stories260K weights, the same recipe (W4A16 NVFP4, W4A4 NVFP4, MXFP8, FP8) and the same input
+-- amaxes give the same bytes in every quantized tensor (weight, weight_scale, weight_scale_2,
+-- input_scale) and the same hf_quant_config.json / quantization_config up to the producer.
+local ffi = require("ffi")
+local nibble = require("nibble")
+local nbspec = require("nbspec")
+local ptq = require("nibble.ptq")
+local recipe = require("nibble.recipe")
+local qmodel = require("nibble.qmodel")
+
+local stories = nbspec.data("stories260K/hf")
+local golden = nbspec.source_dir .. "/tests/golden/data/modelopt_export"
+
+-- a directory no other process picks (nbspec.mkdtemp's names can repeat across concurrent runs)
+local tmp_file = os.tmpname()
+local tmp = tmp_file .. ".d"
+os.execute("mkdir -p " .. nbspec.quote(tmp))
+teardown(function()
+  os.execute("rm -rf " .. nbspec.quote(tmp))
+  os.remove(tmp_file)
+end)
+
+-- the recipe unit that says what ModelOpt's stock config says
+local units = { w4a16 = "units/nvfp4_w4a16", nvfp4 = "units/nvfp4", mxfp8 = "units/mxfp8", fp8 = "units/fp8" }
+
+local function without_producer(t)
+  local c = {}
+  for k, v in pairs(t) do if k ~= "producer" then c[k] = v end end
+  return c
+end
+
+local function bytes(t)
+  return ffi.string(t:data(), t.nbytes)
+end
+
+describe("export equals ModelOpt's export_hf_checkpoint", function()
+  for _, case in ipairs { "w4a16", "nvfp4", "mxfp8", "fp8" } do
+    it(case, function()
+      if not stories then pending("../shared/data is absent") return end
+      local g = nibble.json.decode(nbspec.read(golden .. "/" .. case .. ".json"))
+      local m = nibble.model.load(stories)
+      local qm = qmodel.new(m)
+      local plan = recipe.resolve(recipe.compose(recipe.new { extends = units[case] }), ptq.modules(m))
+      ptq.apply(qm, plan)
+      -- the same modules are quantized
+      local names = {}
+      for _, e in ipairs(plan) do if e.format then names[#names + 1] = e.name end end
+      table.sort(names)
+      assert.are.same(g.quantized_modules, names)
+      qm:fuse_siblings()
+      qm:calibrate_weights("max")
+      -- ModelOpt's weight amax (max |w|) is what nibble computed (group maxima are applied at export)
+      for name, a in pairs(g.weight_amax) do
+        local s = qm:weight_quantizer(name):state()
+        assert.are.equal(a, s.amax, name)
+      end
+      -- the input amaxes ModelOpt calibrated, given to nibble
+      local n_in = 0
+      for name, a in pairs(g.input_amax) do
+        qm:input_quantizer(name):set_state { amax = a }
+        n_in = n_in + 1
+      end
+      assert.are.equal(case == "fp8" and 35 or case == "nvfp4" and 30 or 0, n_in)
+      qm:check()
+      local out = tmp .. "/" .. case
+      qm:export(out)
+
+      local want, got = nibble.load(golden .. "/" .. case .. ".safetensors"), nibble.load(out)
+      local n = 0
+      for _, name in ipairs(want:names()) do
+        local a, b = want:info(name), got:info(name)
+        assert.is_not_nil(b, "nibble's export has no " .. name)
+        assert.are.equal(a.dtype, b.dtype, name)
+        assert.are.same(a.shape, b.shape, name)
+        assert.is_true(bytes(want[name]) == bytes(got[name]), name .. ": bytes differ")
+        n = n + 1
+      end
+      -- nothing quantized that ModelOpt left alone: every other tensor is a float copy of the source
+      local src = nibble.load(stories)
+      for _, name in ipairs(got:names()) do
+        if not want:has(name) then
+          assert.are.equal("F32", got:info(name).dtype, name)
+          assert.is_true(bytes(got[name]) == bytes(src[name]), name)
+        end
+      end
+      assert.are.equal(#want:names() + #src:names() - #g.quantized_modules, #got:names())
+      assert.is_true(n >= 60)
+
+      local hq = nibble.json.decode(nbspec.read(out .. "/hf_quant_config.json"))
+      assert.are.same({ name = "nibble", version = nibble.version }, hq.producer)
+      assert.are.same(without_producer(g.hf_quant_config), without_producer(hq))
+      local qc = nibble.json.decode(nbspec.read(out .. "/config.json")).quantization_config
+      assert.are.same(without_producer(g.quantization_config), without_producer(qc))
+    end)
+  end
+end)
