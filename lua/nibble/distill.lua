@@ -188,4 +188,18 @@ function D.topk(teacher, k, temperature, lse_dtype)
   return vals, idx, lse
 end
 
+-- ---- differentiable forms (step-level QAD pipelines) -------------------------------------------------
+-- kl(student_logits, teacher_logits [, opts]), reverse_kl(...), ce(student_logits, labels [, opts]): a
+-- nibble.qad loss object (.value, :backward(), + - * / with numbers) whose gradient flows into the tensor
+-- student:forward returned, and the result table {loss, kd, lm, tokens}. opts: mask (weights [B, T] or
+-- [N]), labels, and the config keys above (temperature, t2, topk, lm_loss, kd_loss_scale, ...).
+function D.kl(s, t, opts) return require("nibble.qad").kd("kl", s, t, opts) end
+function D.reverse_kl(s, t, opts) return require("nibble.qad").kd("reverse_kl", s, t, opts) end
+function D.ce(s, labels, opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.labels = labels
+  return require("nibble.qad").kd("ce", s, nil, o)
+end
+
 return D

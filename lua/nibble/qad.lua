@@ -1,0 +1,653 @@
+-- nibble.qad: quantization-aware distillation from Lua (nibble/qad.h). Three levels:
+--   * run(recipe): the whole job of a recipe with a `distill` section: PTQ (nibble.ptq's pipeline, no
+--     export), QAD with metrics JSONL, a progress line, periodic eval and checkpoints (Ctrl-C saves one;
+--     resume = true continues bit for bit), the export, and the teacher / PTQ / QAD eval table.
+--   * new{teacher, student, loader, config}: the C training step as an object (run:step(), save, restore,
+--     micro_step, optimizer_step) for scripts that drive the loop themselves.
+--   * the step-level API for custom losses: student(model, qm):forward(...) registers its outputs, losses
+--     (nibble.distill.kl / reverse_kl / ce, qad.loss(value, {[tensor] = grad}) for ones written in Lua)
+--     add and scale, and loss:backward() sends every gradient into the student's backward.
+local ffi = require("ffi")
+local nibble = require("nibble")
+local C, check, fail = nibble.C, nibble.check, nibble.fail
+
+local Q = {}
+
+local function ctx() return nibble.context() end
+
+local function now() return require("nibble.ptq").now() end
+local function hms(s) return require("nibble.ptq").hms(s) end
+
+local function model_ptr(m) return require("nibble.qmodel").model_ptr(m) end
+
+local function qmodel_ptr(qm)
+  local p = type(qm) == "table" and rawget(qm, "_p") or nil
+  if p == nil then fail("qad: the student must be a nibble.qmodel (calibrated)") end
+  return p
+end
+
+-- ---- configuration ------------------------------------------------------------------------------------
+
+local loss_keys = { loss = true, temperature = true, t2 = true, topk = true, top_k = true, topk_norm = true,
+                    lm_loss = true, kd_loss_scale = true, ignore_index = true }
+local train_keys = { steps = true, lr = true, min_lr = true, warmup = true, grad_accum = true, clip = true,
+                     weight_decay = true, sft_mask = true, recalibrate = true, beta1 = true, beta2 = true, eps = true }
+
+local function num(t, k, what, int, min)
+  local v = t[k]
+  if v == nil then return nil end
+  if type(v) == "string" and tonumber(v) then v = tonumber(v) end
+  if type(v) ~= "number" or v ~= v then fail(("%s: %s must be a number, got %s"):format(what, k, tostring(v))) end
+  if int and v % 1 ~= 0 then fail(("%s: %s must be a whole number, got %s"):format(what, k, tostring(v))) end
+  if min and v < min then fail(("%s: %s must be >= %s, got %s"):format(what, k, tostring(min), tostring(v))) end
+  return v
+end
+
+local function bool(v, what, k)
+  if v == nil then return nil end
+  if v == true or v == "true" or v == 1 then return true end
+  if v == false or v == "false" or v == 0 then return false end
+  fail(("%s: %s must be true or false, got %s"):format(what, k, tostring(v)))
+end
+
+-- config(t [, algorithm]): an nb_qad_cfg from a recipe's distill table (loss keys as nibble.distill.config;
+-- steps, lr, min_lr, warmup, grad_accum, clip, weight_decay, sft_mask, recalibrate = N steps (false/0: scales
+-- frozen), beta1, beta2, eps). algorithm: the calibration method recalibrate re-runs (default "max").
+function Q.config(t, algorithm)
+  if ffi.istype("nb_qad_cfg", t) then return t end
+  t = t or {}
+  if type(t) ~= "table" then fail("qad.config: expected the recipe's distill table") end
+  local schema = require("nibble.recipe").sub_schema.distill or {}
+  for k in pairs(t) do
+    if not loss_keys[k] and not train_keys[k] and not schema[k] then
+      local names = {}
+      for n in pairs(schema) do names[#names + 1] = n end
+      table.sort(names)
+      fail(("distill: unknown key '%s'%s"):format(tostring(k),
+        require("nibble.recipe").did_you_mean(tostring(k), names)))
+    end
+  end
+  local c = ffi.new("nb_qad_cfg")
+  C.nb_qad_cfg_init(c)
+  local lt = {}
+  for k in pairs(loss_keys) do lt[k] = t[k] end
+  if lt.loss == "topk" then lt.loss = "kl"; lt.topk = lt.topk or 64 end
+  if type(lt.temperature) == "string" then lt.temperature = tonumber(lt.temperature) end
+  lt.lm_loss = bool(lt.lm_loss, "distill", "lm_loss")
+  lt.t2 = bool(lt.t2, "distill", "t2")
+  c.loss = nibble.distill.config(lt)
+  local w = "distill"
+  c.steps = num(t, "steps", w, true, 1) or c.steps
+  c.lr = num(t, "lr", w, false, 0) or c.lr
+  c.min_lr = num(t, "min_lr", w, false, 0) or c.min_lr
+  c.warmup = num(t, "warmup", w, true, 0) or c.warmup
+  c.grad_accum = num(t, "grad_accum", w, true, 1) or c.grad_accum
+  c.clip = num(t, "clip", w) or c.clip
+  c.weight_decay = num(t, "weight_decay", w, false, 0) or c.weight_decay
+  c.beta1 = num(t, "beta1", w) or c.beta1
+  c.beta2 = num(t, "beta2", w) or c.beta2
+  c.eps = num(t, "eps", w) or c.eps
+  local sm = bool(t.sft_mask, w, "sft_mask")
+  if sm ~= nil then c.sft_mask = sm and 1 or 0 end
+  local rc = t.recalibrate
+  if rc ~= nil and rc ~= false then
+    if rc == true then fail("distill: recalibrate must be a number of steps (recalibrate every N steps) or false") end
+    c.recalibrate = num(t, "recalibrate", w, true, 0)
+    c.recalib = require("nibble.qmodel").calib_config(algorithm or "max")
+  end
+  return c
+end
+
+-- ---- the C run ------------------------------------------------------------------------------------------
+
+local Run = {}
+Run.__index = Run
+
+local function rp(self)
+  local p = rawget(self, "_p")
+  if p == nil then fail("qad run was freed") end
+  return p
+end
+
+-- new{teacher = model, student = qmodel, loader = nibble.data loader or nil, config = distill table or
+-- nb_qad_cfg, algorithm = "max"}: fake quant goes on, every parameter that requires grad is trained.
+function Q.new(o)
+  if type(o) ~= "table" then fail("qad.new{teacher =, student =, loader =, config =}") end
+  local cfg = Q.config(o.config or {}, o.algorithm)
+  local out = ffi.new("nb_qad *[1]")
+  local lp = o.loader and rawget(o.loader, "_p") or nil
+  if o.loader and lp == nil then fail("qad.new: the loader was freed") end
+  check(C.nb_qad_new(ctx(), cfg, model_ptr(o.teacher), qmodel_ptr(o.student), lp, out))
+  nibble.note_native()
+  return setmetatable({ _p = ffi.gc(out[0], C.nb_qad_free), teacher = o.teacher, student = o.student,
+                        loader = o.loader, cfg = cfg, steps = tonumber(cfg.steps) }, Run)
+end
+
+local function metrics_of(m)
+  return { step = tonumber(m.step), loss = m.loss, kd = m.kd, ce = m.ce, lr = m.lr, grad_norm = m.grad_norm,
+           tokens = tonumber(m.tokens), seen = tonumber(m.seen), seconds = m.seconds, tokens_per_s = m.tokens_per_s,
+           skipped = m.skipped ~= 0, recalibrated = m.recalibrated ~= 0 }
+end
+
+-- step(): one optimizer step on the loader's next grad_accum batches -> metrics {step, loss, kd, ce, lr,
+-- grad_norm, tokens, seen, seconds, tokens_per_s, skipped, recalibrated}.
+function Run:step()
+  local m = ffi.new("nb_qad_metrics")
+  check(C.nb_qad_step(ctx(), rp(self), m))
+  return metrics_of(m)
+end
+
+-- micro_step(tokens, targets [, mask [, denom]]): forward + backward of one micro-batch (i32 / u8 tensors
+-- [B, T]); denom: the counted tokens of the whole optimizer step (default: this batch's own).
+function Run:micro_step(tokens, targets, mask, denom)
+  if not (nibble.is_tensor(tokens) and nibble.is_tensor(targets)) then
+    fail("qad: micro_step(tokens, targets [, mask [, denom]]) needs i32 tensors [B, T]")
+  end
+  local B, T = tokens:size(1), tokens:size(2)
+  local r = ffi.new("nb_distill_result")
+  check(C.nb_qad_micro_step(ctx(), rp(self), tokens:contiguous():data("const int32_t *"),
+                            targets:contiguous():data("const int32_t *"),
+                            mask and mask:contiguous():data("const uint8_t *") or nil, B, T, denom or 0, r))
+  return { loss = r.loss, kd = r.kd, lm = r.lm, tokens = tonumber(r.tokens) }
+end
+
+-- count_tokens(targets [, mask]): tokens micro_step would count (for the denom of accumulated steps).
+function Run:count_tokens(targets, mask)
+  return tonumber(C.nb_qad_count_tokens(rp(self), targets:contiguous():data("const int32_t *"),
+                                        mask and mask:contiguous():data("const uint8_t *") or nil, targets:numel()))
+end
+
+-- optimizer_step(): clip, AdamW at the scheduled lr, zero grads -> metrics (step, lr, grad_norm, ...).
+function Run:optimizer_step()
+  local m = ffi.new("nb_qad_metrics")
+  check(C.nb_qad_optimizer_step(ctx(), rp(self), m))
+  return metrics_of(m)
+end
+
+function Run:step_count() return tonumber(C.nb_qad_step_count(rp(self))) end
+function Run:done() return C.nb_qad_done(rp(self)) ~= 0 end
+function Run:lr_at(step) return C.nb_qad_lr_at(rp(self), step) end
+
+-- save(dir [, keep]): an atomic checkpoint dir/step-N + dir/latest (keep: how many to keep, default 2).
+-- Ctrl-C is held until it returns; a pending interrupt is kept for the caller.
+Run.save = nibble.critical(function(self, dir, keep)
+  local c = ctx()
+  local pending = C.nb_ctx_interrupted(c) ~= 0
+  C.nb_ctx_clear_interrupt(c)
+  local s = C.nb_qad_save(c, rp(self), dir, keep or 2)
+  local msg = s ~= 0 and ffi.string(C.nb_ctx_last_error(c)) or nil
+  if s ~= 0 then C.nb_ctx_clear_error(c) end
+  if pending then C.nb_ctx_interrupt(c) end
+  if s ~= 0 then fail(ffi.string(C.nb_status_name(s)) .. ": " .. msg) end
+  return dir
+end)
+
+-- restore(dir): continue from dir/latest (an error when there is none or the settings differ).
+function Run:restore(dir)
+  check(C.nb_qad_restore(ctx(), rp(self), dir))
+  return self:step_count()
+end
+
+-- latest(dir): path of the newest checkpoint in dir, or nil.
+function Q.latest(dir)
+  local buf = ffi.new("char[4096]")
+  local s = C.nb_qad_latest(ctx(), dir, buf, 4096)
+  if s ~= 0 then
+    C.nb_ctx_clear_error(ctx())
+    return nil
+  end
+  return ffi.string(buf)
+end
+
+function Run:free()
+  local p = rawget(self, "_p")
+  if p ~= nil then
+    self._p = nil
+    C.nb_qad_free(ffi.gc(p, nil))
+  end
+end
+
+-- ---- step-level API: losses and the student -------------------------------------------------------------
+
+-- Outputs of student:forward, weakly keyed: tensor -> {model, kind = "logits" | "hidden", layer}.
+local owners = setmetatable({}, { __mode = "k" })
+
+local Loss = {}
+Loss.__index = Loss
+
+-- loss(value [, grads]): a loss object. grads maps tensors that student:forward returned (logits, hidden
+-- states) to d loss / d tensor (f32 tensors of the same shape).
+function Q.loss(value, grads)
+  if type(value) ~= "number" then fail("qad.loss(value, grads): value must be a number") end
+  return setmetatable({ value = value, grads = grads or {} }, Loss)
+end
+function Q.is_loss(x) return getmetatable(x) == Loss end
+
+local function scaled(g, k)
+  if k == 1 then return g end
+  return nibble.optim.accumulate(nibble.zeros("f32", g.shape), g, k)
+end
+
+local function combine(a, b, kb)
+  local out = Q.loss(a.value + kb * b.value)
+  for t, g in pairs(a.grads) do out.grads[t] = g end
+  for t, g in pairs(b.grads) do
+    if out.grads[t] then
+      out.grads[t] = nibble.optim.accumulate(out.grads[t]:clone(), g, kb)
+    else
+      out.grads[t] = scaled(g, kb)
+    end
+  end
+  return out
+end
+
+local function as_loss(x)
+  if Q.is_loss(x) then return x end
+  if type(x) == "number" then return Q.loss(x) end
+  fail("loss arithmetic: expected a loss or a number, got " .. type(x))
+end
+
+Loss.__add = function(a, b) return combine(as_loss(a), as_loss(b), 1) end
+Loss.__sub = function(a, b) return combine(as_loss(a), as_loss(b), -1) end
+Loss.__unm = function(a) return combine(Q.loss(0), a, -1) end
+Loss.__mul = function(a, b)
+  local k, l = a, b
+  if Q.is_loss(a) then k, l = b, a end
+  if type(k) ~= "number" then fail("loss arithmetic: a loss can only be multiplied by a number") end
+  return combine(Q.loss(0), l, k)
+end
+Loss.__div = function(a, b)
+  if type(b) ~= "number" then fail("loss arithmetic: a loss can only be divided by a number") end
+  return combine(Q.loss(0), a, 1 / b)
+end
+Loss.__tostring = function(a) return ("qad.loss(%.6g)"):format(a.value) end
+
+-- backward(): every gradient goes to the model whose forward produced its tensor (student:forward);
+-- one model:backward per model, logits and hidden-state gradients together.
+function Loss:backward()
+  local per = {}
+  for t, g in pairs(self.grads) do
+    local o = owners[t]
+    if not o then
+      fail("loss:backward: a gradient is attached to a tensor that no student:forward returned (the teacher's?)")
+    end
+    local e = per[o.model]
+    if not e then
+      e = { hidden = {} }
+      per[o.model] = e
+    end
+    if o.kind == "logits" then
+      e.logits = e.logits and nibble.optim.accumulate(e.logits:clone(), g, 1) or g
+    else
+      local h = e.hidden[o.layer]
+      e.hidden[o.layer] = h and nibble.optim.accumulate(h:clone(), g, 1) or g
+    end
+  end
+  for model, e in pairs(per) do
+    model:backward(e.logits, next(e.hidden) and e.hidden or nil)
+  end
+  return self.value
+end
+
+-- kd(kind, student_logits, teacher_logits [, opts]): a distillation loss (kind "kl", "reverse_kl", "ce")
+-- with opts mask (u8/f32 weights [B, T] or [N]), labels (i32), temperature, t2, topk, lm_loss,
+-- kd_loss_scale. Returns the loss object and the result table {loss, kd, lm, tokens}.
+function Q.kd(kind, s, t, opts)
+  opts = opts or {}
+  local a = { student = s, teacher = t, loss = kind, grad = true }
+  for k, v in pairs(opts) do
+    if k == "mask" then a.weights = v else a[k] = v end
+  end
+  if a.weights and not a.weights:is_contiguous() then a.weights = a.weights:contiguous() end
+  local r, g = nibble.distill.loss(a)
+  return Q.loss(r.loss, { [s] = g }), r
+end
+
+local Student = {}
+Student.__index = Student
+
+-- student(model [, qm]): the model whose forward outputs losses can flow back into (fake quant switched
+-- on when a qmodel is given).
+function Q.student(model, qm)
+  if qm then qm:set_fake(true) end
+  return setmetatable({ model = model, qmodel = qm }, Student)
+end
+
+-- forward(tokens [, opts]): model:forward with train = true; opts.hidden = true also returns the hidden
+-- states. The returned tensors are registered so a loss on them can backward.
+function Student:forward(tokens, opts)
+  opts = opts or {}
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.train = true
+  local logits, hidden = self.model:forward(tokens, o)
+  if logits then owners[logits] = { model = self.model, kind = "logits" } end
+  for l, h in ipairs(hidden or {}) do owners[h] = { model = self.model, kind = "hidden", layer = l } end
+  return logits, hidden
+end
+
+-- params(): names, parameter tensors and (after a backward) gradient tensors of the trainable parameters.
+function Student:params()
+  local names, params, grads = {}, {}, {}
+  for _, n in ipairs(self.model:params()) do
+    names[#names + 1] = n
+    params[#params + 1] = self.model:param(n)
+  end
+  return names, params, grads
+end
+
+function Student:grads(names)
+  local g = {}
+  for i, n in ipairs(names) do g[i] = self.model:grad(n) or false end
+  return g
+end
+
+function Student:zero_grad() self.model:zero_grad() end
+
+-- ---- metrics and progress -------------------------------------------------------------------------------
+
+local function jnum(x)
+  if type(x) ~= "number" or x ~= x or x == math.huge or x == -math.huge then return "null" end
+  if x % 1 == 0 and math.abs(x) < 2 ^ 53 then return ("%d"):format(x) end
+  return ("%.8g"):format(x)
+end
+
+-- The order keys are written in (the rest follow sorted).
+local key_order = { "step", "loss", "kd", "ce", "lr", "grad_norm", "tokens", "seen", "tokens_per_s", "seconds",
+                    "elapsed", "eval_ppl", "eval_kld", "eval_top1", "skipped", "recalibrated" }
+
+-- json_line(t): one JSON object of numbers / booleans / strings, keys in a stable order.
+function Q.json_line(t)
+  local parts, seen = {}, {}
+  local function add(k)
+    local v = t[k]
+    if v == nil then return end
+    seen[k] = true
+    local s
+    if type(v) == "boolean" then s = v and "true" or "false"
+    elseif type(v) == "number" then s = jnum(v)
+    else s = nibble.json.encode(tostring(v)) end
+    parts[#parts + 1] = ('"%s": %s'):format(k, s)
+  end
+  for _, k in ipairs(key_order) do add(k) end
+  local rest = {}
+  for k in pairs(t) do if not seen[k] then rest[#rest + 1] = k end end
+  table.sort(rest)
+  for _, k in ipairs(rest) do add(k) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+local function isatty(fd)
+  local ok, host = pcall(require, "nibble.host")
+  if ok and type(host) == "table" and host.isatty then return host.isatty(fd) end
+  return false
+end
+
+-- progress(total, opts): a function(m) drawing "qad: step 12/200 [####......] loss ... tok/s ETA" on
+-- stderr: in place on a terminal, else one line per ~5 % of the run (and the last step).
+function Q.progress(total, opts)
+  opts = opts or {}
+  local tty = opts.tty
+  if tty == nil then tty = isatty(2) end
+  local t0, last, first = now(), -1, nil
+  local every = math.max(1, math.floor(total / 20))
+  return function(m)
+    first = first or (m.step - 1)
+    local t = now()
+    local done = m.step >= total
+    if tty then
+      if not done and t - last < 0.2 then return end
+    elseif not done and m.step % every ~= 0 and m.step ~= first + 1 then
+      return
+    end
+    last = t
+    local width = 24
+    local fill = math.floor(width * m.step / total + 0.5)
+    local steps_done = m.step - first
+    local eta = steps_done > 0 and (t - t0) / steps_done * (total - m.step) or 0 / 0
+    local line = ("qad: step %d/%d [%s%s] loss %.4g kd %.4g ce %.4g lr %.3g |g| %.3g %.0f tok/s ETA %s"):format(
+      m.step, total, ("#"):rep(fill), ("."):rep(width - fill), m.loss, m.kd, m.ce, m.lr, m.grad_norm,
+      m.tokens_per_s, hms(eta))
+    if tty then
+      io.stderr:write("\r" .. line .. "  ")
+      if done then io.stderr:write("\n") end
+    else
+      io.stderr:write(line .. "\n")
+    end
+    io.stderr:flush()
+  end
+end
+
+-- ---- evaluation -----------------------------------------------------------------------------------------
+
+-- evaluate(model, tokens, teacher, opts): {ppl, kld, top1, tokens} with llama.cpp's method (opts ctx, chunks).
+function Q.evaluate(model, tokens, teacher, opts)
+  opts = opts or {}
+  local r = model:eval { tokens = tokens, ctx = opts.ctx or 512, chunks = opts.chunks, teacher = teacher }
+  return { ppl = r.ppl, kld = r.kld_mean, top1 = r.top1_agree, tokens = r.tokens, chunks = r.chunks }
+end
+
+-- table_text(rows): the eval table, rows {name, ppl, kld, top1}.
+function Q.table_text(rows)
+  local out = { ("%-10s %10s %10s %9s"):format("", "PPL", "KLD", "top-1") }
+  local function f(x, fmt) return (x == nil or x ~= x) and "-" or fmt:format(x) end
+  for _, r in ipairs(rows) do
+    out[#out + 1] = ("%-10s %10s %10s %9s"):format(r.name, f(r.ppl, "%.4f"), f(r.kld, "%.5f"),
+      f(r.top1, "%.2f%%"))
+  end
+  return table.concat(out, "\n")
+end
+
+-- ---- the recipe pipeline --------------------------------------------------------------------------------
+
+local function logger(quiet)
+  if quiet then return function() end end
+  return function(fmt, ...)
+    io.stderr:write((select("#", ...) > 0 and fmt:format(...) or fmt) .. "\n")
+  end
+end
+
+local function file_exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+local function read_file(p)
+  local f, e = io.open(p, "rb")
+  if not f then fail("qad: cannot read " .. tostring(p) .. ": " .. tostring(e)) end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function is_interrupt(err)
+  local s = tostring(err)
+  return s:find("interrupted", 1, true) ~= nil or s:find("NB_ERR_INTERRUPTED", 1, true) ~= nil
+end
+
+local loader_defaults = { seq_len = 512, batch = 8 }
+
+-- loader(distill, tokenizer [, seed]): the training rows: distill.data (a file or a list; text, JSONL
+-- or JSON; "<|endoftext|>" separates documents when the text has it), rows of seq_len from a seeded
+-- random offset, shuffled every epoch, batch rows per micro-batch (short last batches dropped).
+function Q.loader(d, tok, seed)
+  local data = nibble.data
+  if not d.data then
+    error("recipe: distill.data is missing (the text QAD distils on; e.g. the calibration data)", 0)
+  end
+  local opts = { tokenizer = tok, text_field = d.text_field }
+  local first = type(d.data) == "table" and d.data[1] or d.data
+  if d.separator then
+    opts.separator = d.separator
+  elseif not tostring(first):match("%.jsonl?$") and not tostring(first):match("%.ndjson$") then
+    local f = io.open(first, "rb")
+    local head = f and f:read(65536)
+    if f then f:close() end
+    if head and head:find("<|endoftext|>", 1, true) then opts.separator = "<|endoftext|>" end
+  end
+  local ds = data.load(d.data, opts)
+  return data.loader(ds, { seq_len = tonumber(d.seq_len) or loader_defaults.seq_len,
+                           batch = tonumber(d.batch) or loader_defaults.batch,
+                           seed = tonumber(d.seed or seed or 0), random_offset = true, shuffle = true,
+                           drop_last = true })
+end
+
+-- run(recipe [, args [, opts]]): PTQ, then QAD, then export and the eval table. opts: quiet, dry_run
+-- (check the recipe, files and settings; no compute), teacher / model (loaded models to use),
+-- tty (force the progress style). Returns {recipe, plan, qmodel, model, teacher, run, evals, metrics,
+-- export_dir, seconds, steps}.
+function Q.run(r, args, opts)
+  opts = opts or {}
+  local ptq = require("nibble.ptq")
+  local log = logger(opts.quiet)
+  local t_start = now()
+  r = ptq.prepare(r, args)
+  local d = r.distill
+  if type(d) ~= "table" then error("recipe: QAD needs a distill section", 0) end
+  local export = r.export or {}
+  local mpath = r.model and r.model.path
+  local tpath = (r.model and r.model.teacher) or mpath
+  if not opts.model and not mpath then error("recipe: model.path is missing (the model to quantize; model=PATH)", 0) end
+  if not opts.dry_run and not export.dir then error("recipe: export.dir is missing (out=DIR)", 0) end
+  local cfg = Q.config(d, r.algorithm)   -- validates every training key before any compute
+  if not d.data then
+    error("recipe: distill.data is missing (the text QAD distils on: data=FILE; e.g. the calibration text)", 0)
+  end
+  for _, p in ipairs(type(d.data) == "table" and d.data or { d.data }) do
+    if not file_exists(p) then error(("recipe: distill.data %s does not exist"):format(tostring(p)), 0) end
+  end
+  local ev = r.eval or {}
+  local eval_data = ev.data or d.eval_data
+  if eval_data and not file_exists(eval_data) then
+    error(("recipe: eval data %s does not exist"):format(tostring(eval_data)), 0)
+  end
+  local every_ck = num(d, "checkpoint_every", "distill", true, 0) or 0
+  local every_eval = num(d, "eval_every", "distill", true, 0) or 0
+  local ckdir = d.checkpoint_dir or (export.dir and (export.dir .. "-checkpoints")) or nil
+  local result = { recipe = r, config = cfg, checkpoint_dir = ckdir, steps = tonumber(cfg.steps) }
+  if opts.dry_run then
+    result.plan = ptq.run(r, nil, { dry_run = true, quiet = true, model = opts.model }).plan
+    return result
+  end
+
+  -- models: the teacher stays as loaded; the student is quantized (PTQ without export)
+  local teacher = opts.teacher or ptq.load_model(tpath)
+  local student = opts.model or ptq.load_model(mpath)
+  if teacher == student then error("qad: the teacher and the student must be two loads of the model", 0) end
+  local pres = ptq.run(r, nil, { model = student, no_export = true, quiet = opts.quiet })
+  local qm = pres.qmodel
+  result.plan, result.qmodel, result.model, result.teacher = pres.plan, qm, student, teacher
+
+  local tok = student:tokenizer()
+  local loader = Q.loader(d, tok, r.seed)
+  log("qad: %d steps of %d x %d tokens x %d accumulation on %s (%d rows per epoch), lr %g -> %g, warmup %d, %s%s",
+      tonumber(cfg.steps), loader.batch, loader.seq_len, tonumber(cfg.grad_accum), tostring(d.data),
+      loader.rows_per_epoch, cfg.lr, cfg.min_lr, tonumber(cfg.warmup), tostring(d.loss or "kl"),
+      cfg.loss.lm_loss ~= 0 and " + LM loss" or "")
+  local eval_tokens
+  if eval_data then eval_tokens = tok:encode_tokens(read_file(eval_data)) end
+  local eopts = { ctx = tonumber(ev.ctx) or 512, chunks = tonumber(ev.chunks) }
+
+  local run = Q.new { teacher = teacher, student = qm, loader = loader, config = cfg }
+  result.run = run
+  local resumed = false
+  if bool(d.resume, "distill", "resume") then
+    if ckdir and Q.latest(ckdir) then
+      local step = run:restore(ckdir)
+      resumed = true
+      log("qad: resumed from %s at step %d", Q.latest(ckdir), step)
+    else
+      log("qad: resume = true but %s holds no checkpoint: starting at step 0", tostring(ckdir))
+    end
+  end
+
+  local mfile
+  if d.metrics then
+    mfile = io.open(d.metrics, resumed and "ab" or "wb")
+    if not mfile then error("qad: cannot write metrics file " .. tostring(d.metrics), 0) end
+  end
+  local function record(t)
+    if mfile then
+      mfile:write(Q.json_line(t), "\n")
+      mfile:flush()
+    end
+  end
+
+  local evals = {}
+  result.evals = evals
+  if eval_tokens then
+    log("eval: %s, %d tokens, ctx %d%s", eval_data, tonumber(eval_tokens.n), eopts.ctx,
+        eopts.chunks and (", " .. eopts.chunks .. " chunks") or "")
+    evals.teacher = Q.evaluate(teacher, eval_tokens, nil, eopts)
+    if not resumed then
+      evals.ptq = Q.evaluate(student, eval_tokens, teacher, eopts)
+      record { step = 0, eval_ppl = evals.ptq.ppl, eval_kld = evals.ptq.kld, eval_top1 = evals.ptq.top1 }
+      log("eval: teacher PPL %.4f; PTQ PPL %.4f, KLD %.5f, top-1 %.2f%%", evals.teacher.ppl, evals.ptq.ppl,
+          evals.ptq.kld, evals.ptq.top1)
+    end
+  end
+
+  local progress = opts.quiet and function() end or Q.progress(tonumber(cfg.steps), { tty = opts.tty })
+  local t_train = now()
+  local history = {}
+  result.metrics = history
+  local ok, err = pcall(function()
+    while not run:done() do
+      local m = run:step()
+      m.elapsed = now() - t_train
+      history[#history + 1] = m
+      record(m)
+      progress(m)
+      if every_ck > 0 and m.step % every_ck == 0 and not run:done() then run:save(ckdir) end
+      if eval_tokens and every_eval > 0 and m.step % every_eval == 0 and not run:done() then
+        local e = Q.evaluate(student, eval_tokens, teacher, eopts)
+        record { step = m.step, eval_ppl = e.ppl, eval_kld = e.kld, eval_top1 = e.top1 }
+        if not opts.quiet then
+          io.stderr:write(("\neval at step %d: PPL %.4f, KLD %.5f, top-1 %.2f%%\n"):format(m.step, e.ppl, e.kld, e.top1))
+        end
+      end
+    end
+  end)
+  if not ok then
+    if is_interrupt(err) and ckdir then
+      C.nb_ctx_clear_interrupt(ctx())
+      run:save(ckdir)
+      if mfile then mfile:close() end
+      io.stderr:write(("\nqad: interrupted; checkpoint of step %d saved in %s (run again with resume=true)\n"):format(
+        run:step_count(), ckdir))
+      error("interrupted", 0)
+    end
+    if mfile then mfile:close() end
+    error(err, 0)
+  end
+  result.train_seconds = now() - t_train
+
+  if eval_tokens then
+    evals.qad = Q.evaluate(student, eval_tokens, teacher, eopts)
+    record { step = run:step_count(), eval_ppl = evals.qad.ppl, eval_kld = evals.qad.kld, eval_top1 = evals.qad.top1 }
+  end
+  if mfile then mfile:close() end
+
+  -- export through the normal path: the scales the student trained with
+  local t0 = now()
+  result.skipped = qm:export(export.dir, { layout = export.layout or "modelopt", allow_uncalibrated = r.allow_uncalibrated,
+                                           max_shard_size = export.max_shard_size })
+  result.export_dir = export.dir
+  log("export: %s (%s layout) in %.1f s", export.dir, export.layout or "modelopt", now() - t0)
+  if eval_tokens and not opts.quiet then
+    local rows = { { name = "teacher", ppl = evals.teacher.ppl } }
+    if evals.ptq then rows[#rows + 1] = { name = "PTQ", ppl = evals.ptq.ppl, kld = evals.ptq.kld, top1 = evals.ptq.top1 } end
+    rows[#rows + 1] = { name = "QAD", ppl = evals.qad.ppl, kld = evals.qad.kld, top1 = evals.qad.top1 }
+    io.stdout:write(Q.table_text(rows), "\n")
+  end
+  result.seconds = now() - t_start
+  return result
+end
+
+-- Loops that end in C calls which may run Lua hooks must not be compiled.
+for _, f in ipairs({ Q.run, Run.step, Run.micro_step, Student.forward, Loss.backward }) do
+  if jit and jit.off then jit.off(f, true) end
+end
+
+return Q

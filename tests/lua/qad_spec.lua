@@ -1,0 +1,388 @@
+-- nibble.qad from Lua: the distill-table -> nb_qad_cfg mapping and its errors; the step-level API (losses
+-- that add and scale, loss:backward() into logits and hidden states, errors for foreign tensors); the C run
+-- object (steps, metrics, save/restore to the same bytes); recipe dry-runs of recipes/qad.lua; and, on
+-- stories260K, the whole recipe through `nibble run` (eval table, metrics JSONL, export, `nibble plot`) and
+-- a run interrupted with SIGINT or killed with SIGKILL at a random step that resumes to the same export bytes.
+local ffi = require("ffi")
+local nibble = require("nibble")
+local nbspec = require("nbspec")
+local qad = require("nibble.qad")
+local recipe = require("nibble.recipe")
+local C = nibble.C
+
+local stories = nbspec.data("stories260K/hf")
+local train = nbspec.data("text/tinystories_train_head_2MiB.txt")
+local valid = nbspec.data("text/tinystories_valid_head_776KiB.txt")
+local src = nbspec.source_dir
+
+local function need(...)
+  for i = 1, select("#", ...) do
+    if not select(i, ...) then pending("../shared/data is absent") return false end
+  end
+  return true
+end
+
+local function err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(e)
+end
+
+local tmp_file = os.tmpname()
+local tmp = tmp_file .. ".d"
+os.execute("mkdir -p " .. nbspec.quote(tmp))
+teardown(function()
+  os.execute("rm -rf " .. nbspec.quote(tmp))
+  os.remove(tmp_file)
+end)
+
+-- A tiny Llama pair: teacher and an NVFP4 W4A16 student (every linear but lm_head), same random weights.
+local function tiny()
+  local cfg = { vocab_size = 64, hidden_size = 32, intermediate_size = 48, n_layers = 2, n_heads = 4, n_kv_heads = 2,
+                head_dim = 8 }
+  local teacher = nibble.model.new(cfg, { seed = 3, std = 0.3 })
+  local sm = nibble.model.new(cfg, { seed = 3, std = 0.3 })
+  local qm = nibble.qmodel.new(sm)
+  for _, m in ipairs(sm:modules()) do
+    if m.kind == "linear" and m.name ~= "lm_head" then qm:set(m.name, { weight = "nvfp4" }) end
+  end
+  qm:fuse_siblings()
+  qm:calibrate_weights("max")
+  return teacher, sm, qm
+end
+
+local function toks(B, T, vocab, salt)
+  local t = nibble.zeros("i32", B, T)
+  for b = 1, B do
+    for i = 1, T do t:set(b, i, (i * 13 + b * 7 + (salt or 0)) % vocab) end
+  end
+  return t
+end
+
+local function flat_grads(model)
+  return nibble.wrap(C.nb_model_flat_grads(model._p), true):clone()
+end
+
+describe("qad.config", function()
+  it("maps a recipe's distill table onto nb_qad_cfg", function()
+    local c = qad.config { loss = "reverse_kl", temperature = 2, t2 = false, topk = 16, lm_loss = true,
+                           kd_loss_scale = 0.5, steps = 300, lr = 2e-5, min_lr = 1e-6, warmup = 15, grad_accum = 4,
+                           clip = 0.5, weight_decay = 0.01, sft_mask = false, recalibrate = 50, batch = 8 }
+    assert.are.equal(C.NB_KD_REVERSE, c.loss.kd)
+    assert.are.equal(2, c.loss.temperature)
+    assert.are.equal(0, c.loss.t2_scale)
+    assert.are.equal(16, c.loss.top_k)
+    assert.are.equal(1, c.loss.lm_loss)
+    assert.are.equal(0.5, c.loss.kd_loss_scale)
+    assert.are.equal(300, tonumber(c.steps))
+    assert.are.equal(2e-5, c.lr)
+    assert.are.equal(1e-6, c.min_lr)
+    assert.are.equal(15, tonumber(c.warmup))
+    assert.are.equal(4, c.grad_accum)
+    assert.are.equal(0.5, c.clip)
+    assert.are.equal(0.01, c.weight_decay)
+    assert.are.equal(0, c.sft_mask)
+    assert.are.equal(50, tonumber(c.recalibrate))
+    assert.are.equal(C.NB_CALIB_MAX, c.recalib.method)
+    local d = qad.config {}
+    assert.are.equal(C.NB_KD_FORWARD, d.loss.kd)
+    assert.are.equal(1e-5, d.lr)
+    assert.are.equal(1, d.clip)
+    assert.are.equal(1, d.sft_mask)
+    assert.are.equal(0, tonumber(d.recalibrate))
+    local t = qad.config { loss = "topk" }
+    assert.are.equal(C.NB_KD_FORWARD, t.loss.kd)
+    assert.are.equal(64, t.loss.top_k)
+  end)
+
+  it("names bad values", function()
+    assert.matches("unknown loss 'klx'", err_of(qad.config, { loss = "klx" }))
+    assert.matches("steps must be >= 1", err_of(qad.config, { steps = 0 }))
+    assert.matches("grad_accum must be a whole number", err_of(qad.config, { grad_accum = 1.5 }))
+    assert.matches("recalibrate must be a number of steps", err_of(qad.config, { recalibrate = true }))
+    assert.matches("sft_mask must be true or false", err_of(qad.config, { sft_mask = "yes" }))
+    assert.matches("unknown key 'stepz' %(did you mean 'steps'%?%)", err_of(qad.config, { stepz = 3 }))
+  end)
+end)
+
+describe("step-level API", function()
+  it("losses add and scale, and backward sends logits and hidden-state gradients to the student", function()
+    local teacher, sm, qm = tiny()
+    local student = qad.student(sm, qm)
+    local x = toks(2, 16, 64)
+    local tl, th = teacher:forward(x, { hidden = true })
+    -- KL alone
+    local sl = student:forward(x)
+    local kl, r = nibble.distill.kl(sl, tl)
+    assert.is_true(kl.value > 0)
+    assert.are.equal(r.loss, kl.value)
+    assert.are.equal(32, r.tokens)
+    kl:backward()
+    local g1 = flat_grads(sm)
+    sm:zero_grad()
+    -- kl + kl and 2 * kl: exactly twice the gradient (scaling by 2 is exact)
+    sl = student:forward(x)
+    local k2 = nibble.distill.kl(sl, tl)
+    local twice = k2 + k2
+    assert.are.equal(2 * kl.value, twice.value)
+    twice:backward()
+    local g2 = flat_grads(sm)
+    local a, b = g1:data("const float *"), g2:data("const float *")
+    for i = 0, g1:numel() - 1 do assert(b[i] == 2 * a[i], "gradient " .. i .. " is not doubled") end
+    sm:zero_grad()
+    assert.are.equal(kl.value * 0.25, (0.25 * kl).value)
+    assert.are.equal(kl.value - 1, (kl - 1).value)
+    assert.are.equal(-kl.value, (-kl).value)
+    assert.are.equal(kl.value / 4, (kl / 4).value)
+    -- KL + a hidden-state loss written in Lua = the model's backward with both gradients
+    local sl2, sh = student:forward(x, { hidden = true })
+    local kl3 = nibble.distill.kl(sl2, tl, { temperature = 2 })
+    local h = sh[2]
+    local gh = nibble.zeros("f32", h.shape)
+    local ph, pt, pg = h:data("const float *"), th[2]:data("const float *"), gh:data("float *")
+    local s, n = 0, h:numel()
+    for i = 0, n - 1 do
+      local d = ph[i] - pt[i]
+      s = s + d * d
+      pg[i] = 2 * d / n
+    end
+    local total = kl3 + 0.1 * qad.loss(s / n, { [h] = gh })
+    total:backward()
+    local gmix = flat_grads(sm)
+    sm:zero_grad()
+    local sl4 = sm:forward(x, { train = true, hidden = true })
+    local _, dl = nibble.distill.loss { student = sl4, teacher = tl, temperature = 2, grad = true }
+    local dh = { [2] = nibble.optim.accumulate(nibble.zeros("f32", gh.shape), gh, 0.1) }
+    sm:backward(dl, dh)
+    local gref = flat_grads(sm)
+    assert.is_true(gmix:equal(gref))
+    sm:zero_grad()
+    -- gradients on tensors that no student:forward made are refused
+    local bad = qad.loss(1, { [tl] = nibble.zeros("f32", tl.shape) })
+    assert.matches("no student:forward returned", err_of(bad.backward, bad))
+    assert.matches("multiplied by a number", err_of(function() return kl * kl end))
+    -- ce and reverse_kl forms
+    sl = student:forward(x)
+    local labels = toks(2, 16, 64, 5):view(32)
+    local ce = nibble.distill.ce(sl, labels)
+    assert.is_true(ce.value > 0)
+    local rkl = nibble.distill.reverse_kl(sl, tl, { mask = nibble.ones and nil })
+    assert.is_true(rkl.value > 0)
+    ce:backward()
+    sm:zero_grad()
+  end)
+end)
+
+describe("qad.new", function()
+  local function loader_of(vocab)
+    local ds = nibble.data.new()
+    local ids = {}
+    for i = 1, 2000 do ids[i] = (i * 7 + (i % 11) * 3) % vocab end
+    ds:add_tokens(ids)
+    return ds:loader { seq_len = 16, batch = 4, seed = 9, random_offset = true, shuffle = true, drop_last = true }
+  end
+
+  it("steps with metrics, and a restored run continues to the same bytes", function()
+    local cfg = { steps = 6, lr = 1e-3, min_lr = 1e-4, warmup = 1, grad_accum = 2, weight_decay = 0.01 }
+    local function fresh()
+      local teacher, sm, qm = tiny()
+      local ld = loader_of(64)
+      return qad.new { teacher = teacher, student = qm, loader = ld, config = cfg }, qm, sm
+    end
+    local run, qm = fresh()
+    local m = run:step()
+    assert.are.equal(1, m.step)
+    assert.are.equal(0, m.lr)
+    assert.are.equal(2 * 4 * 16, m.seen)
+    assert.are.equal(m.seen, m.tokens)
+    assert.is_true(m.kd > 0 and m.ce > 0 and m.grad_norm > 0 and m.tokens_per_s > 0)
+    assert.is_false(m.skipped)
+    run:step()
+    local ck = tmp .. "/ck"
+    run:save(ck)
+    assert.matches("step%-00000002$", qad.latest(ck))
+    while not run:done() do run:step() end
+    assert.are.equal(6, run:step_count())
+    local a = tmp .. "/a.safetensors"
+    qm:save(a)
+    local run2, qm2 = fresh()
+    assert.are.equal(2, run2:restore(ck))
+    while not run2:done() do run2:step() end
+    local b = tmp .. "/b.safetensors"
+    qm2:save(b)
+    assert.are.equal(nbspec.read(a), nbspec.read(b))
+    -- settings must match the checkpoint's
+    local teacher3, _, qm3 = tiny()
+    local other = qad.new { teacher = teacher3, student = qm3, loader = loader_of(64),
+                            config = { steps = 6, lr = 2e-3, min_lr = 1e-4, warmup = 1, grad_accum = 2, weight_decay = 0.01 } }
+    assert.matches("lr: the checkpoint has 0.001", err_of(other.restore, other, ck))
+    assert.is_nil(qad.latest(tmp .. "/nothing"))
+  end)
+
+  it("micro_step + optimizer_step is the pieces of step", function()
+    local teacher, _, qm = tiny()
+    local run = qad.new { teacher = teacher, student = qm, config = { steps = 3, lr = 1e-3 } }
+    assert.matches("no dataloader", err_of(run.step, run))
+    local x, y = toks(2, 16, 64), toks(2, 16, 64, 1)
+    local mask = nibble.zeros("u8", 2, 16):fill(1)
+    mask:set(1, 1, 0)
+    local r = run:micro_step(x, y, mask)
+    assert.are.equal(31, r.tokens)
+    assert.are.equal(31, run:count_tokens(y, mask))
+    local m = run:optimizer_step()
+    assert.are.equal(1, m.step)
+    assert.are.equal(1, run:step_count())
+    assert.are.equal(run:lr_at(0), m.lr)
+  end)
+
+  it("refuses a student without calibrated scales and the teacher as student", function()
+    local teacher, sm = tiny()
+    local raw = nibble.qmodel.new(sm)
+    raw:set("model.layers.0.mlp.up_proj", { weight = "nvfp4" })
+    assert.matches("NB_ERR_UNCALIBRATED: .*model.layers.0.mlp.up_proj",
+      err_of(qad.new, { teacher = teacher, student = raw, config = {} }))
+    local _, sm2, qm2 = tiny()
+    assert.matches("teacher must be a separate model", err_of(qad.new, { teacher = sm2, student = qm2, config = {} }))
+  end)
+end)
+
+describe("recipes/qad.lua", function()
+  local function load(args)
+    return recipe.load(src .. "/recipes/qad.lua", args)
+  end
+
+  it("dry-runs: the plan and the settings, before any compute", function()
+    if not need(stories, train) then return end
+    local r = qad.run(load { model = stories, data = train, out = tmp .. "/never", steps = "50", lr = "3e-5",
+                             kd = "topk", topk = "8", grad_accum = "2" }, nil, { dry_run = true, quiet = true })
+    assert.are.equal(50, r.steps)
+    assert.are.equal(3e-5, r.config.lr)
+    assert.are.equal(3e-6, r.config.min_lr)
+    assert.are.equal(2, tonumber(r.config.warmup))
+    assert.are.equal(8, r.config.loss.top_k)
+    assert.are.equal(2, r.config.grad_accum)
+    assert.are.equal(tmp .. "/never-checkpoints", r.checkpoint_dir)
+    local q, ex = 0, 0
+    for _, e in ipairs(r.plan) do
+      if e.format then q = q + 1 elseif e.kind == "linear" then ex = ex + 1 end
+    end
+    assert.are.equal(30, q)   -- q k v o gate up of 5 layers; down_proj (172) and the tied lm_head stay
+    assert.are.equal(6, ex)
+    local f = io.open(tmp .. "/never", "rb")
+    assert.is_nil(f)
+  end)
+
+  it("names what is wrong", function()
+    if not need(stories, train) then return end
+    assert.matches("distill.data .* does not exist",
+      err_of(qad.run, load { model = stories, data = tmp .. "/missing.txt", out = tmp .. "/x" }, nil, { dry_run = true }))
+    assert.matches("kd must be kl, reverse_kl or topk", err_of(load, { model = stories, data = train, kd = "mse" }))
+    assert.matches("lr must be a number", err_of(load, { model = stories, data = train, lr = "fast" }))
+    assert.matches("export.dir is missing", err_of(qad.run, load { model = stories, data = train }, nil, { quiet = true }))
+    assert.matches("steps must be >= 1",
+      err_of(qad.run, load { model = stories, data = train, out = tmp .. "/x", steps = "0" }, nil, { dry_run = true }))
+    assert.matches("distill.data is missing",
+      err_of(qad.run, load { model = stories, out = tmp .. "/x" }, nil, { dry_run = true }))
+  end)
+
+  it("nibble plan shows the recipe's quantization plan", function()
+    if not need(stories, train) then return end
+    local out, e, rc = nbspec.nibble { "plan", src .. "/recipes/qad.lua", "model=" .. stories, "data=" .. train }
+    assert.are.equal(0, rc, e)
+    assert.matches("model.layers.0.self_attn.q_proj%s+nvfp4_w4a16", out)
+    assert.matches("model.layers.0.mlp.down_proj%s+%-", out)
+  end)
+end)
+
+describe("nibble run recipes/qad.lua on stories260K", function()
+  local base_args
+  local function args(extra)
+    local a = { "run", src .. "/recipes/qad.lua", "model=" .. stories, "data=" .. train, "eval_data=" .. valid,
+                "steps=24", "batch=4", "seq_len=128", "lr=3e-4", "ctx=128", "chunks=4", "seed=3" }
+    for _, x in ipairs(extra) do a[#a + 1] = x end
+    return a
+  end
+
+  local function files(dir)
+    local out = {}
+    for _, n in ipairs { "model.safetensors", "config.json", "hf_quant_config.json" } do out[n] = nbspec.read(dir .. "/" .. n) end
+    return out
+  end
+
+  local ref
+  it("trains, prints the eval table, writes metrics JSONL and the export; nibble plot draws it", function()
+    if not need(stories, train, valid) then return end
+    local out, e, rc = nbspec.nibble(args { "out=" .. tmp .. "/ref", "metrics=" .. tmp .. "/ref.jsonl" })
+    assert.are.equal(0, rc, e)
+    local t_ppl = out:match("teacher%s+([%d%.]+)")
+    local p_ppl, p_kld = out:match("PTQ%s+([%d%.]+)%s+([%d%.]+)")
+    local q_ppl, q_kld = out:match("QAD%s+([%d%.]+)%s+([%d%.]+)")
+    assert.is_truthy(t_ppl and p_ppl and q_ppl, out)
+    assert.is_true(tonumber(q_kld) < tonumber(p_kld), out)
+    assert.matches("qad: step 24/24", e)
+    local lines = {}
+    for l in io.lines(tmp .. "/ref.jsonl") do lines[#lines + 1] = nibble.json.decode(l) end
+    assert.are.equal(26, #lines)   -- eval at step 0, 24 steps, eval at the end
+    assert.are.equal(0, lines[1].step)
+    assert.is_truthy(lines[1].eval_kld)
+    assert.are.equal(1, lines[2].step)
+    for _, k in ipairs { "loss", "kd", "ce", "lr", "grad_norm", "tokens_per_s", "tokens" } do
+      assert.is_truthy(lines[2][k], k)
+    end
+    assert.are.equal(24, lines[26].step)
+    assert.are.equal(tonumber(q_kld), tonumber(("%.5f"):format(lines[26].eval_kld)))
+    ref = files(tmp .. "/ref")
+    assert.is_truthy(ref["model.safetensors"] and ref["hf_quant_config.json"])
+    local po, pe, prc = nbspec.nibble { "plot", tmp .. "/ref.jsonl", "--out", tmp .. "/ref.svg" }
+    assert.are.equal(0, prc, pe)
+    assert.matches("9 panels", po)
+    local svg = nbspec.read(tmp .. "/ref.svg")
+    assert.matches("^<%?xml", svg)
+    assert.matches("<polyline", svg)
+    assert.matches(">eval_kld<", svg)
+    local _, pe2, prc2 = nbspec.nibble { "plot", tmp .. "/ref.jsonl" }
+    assert.are.equal(1, prc2)
+    assert.matches("usage: nibble plot", pe2)
+  end)
+
+  -- Run in the background; once the metrics file shows step k (random), send the signal.
+  local function interrupted_run(name, sig, k, extra)
+    local metrics = tmp .. "/" .. name .. ".jsonl"
+    local a = args(extra)
+    a[#a + 1] = "out=" .. tmp .. "/" .. name
+    a[#a + 1] = "metrics=" .. metrics
+    local parts = {}
+    for _, x in ipairs(a) do parts[#parts + 1] = nbspec.quote(x) end
+    local cmd = ("%s %s >%s.log 2>&1 & pid=$!; n=0; "
+      .. "while [ \"$(cat %s 2>/dev/null | grep -c '\"loss\"')\" -lt %d ] && [ $n -lt 3000 ] && kill -0 $pid 2>/dev/null; do "
+      .. "sleep 0.01; n=$((n+1)); done; kill -%s $pid; wait $pid; echo rc=$?"):format(
+      nbspec.quote(nbspec.bin), table.concat(parts, " "), nbspec.quote(tmp .. "/" .. name), nbspec.quote(metrics), k, sig)
+    local out = nbspec.sh(cmd)
+    return tonumber(out:match("rc=(%d+)")), nbspec.read(tmp .. "/" .. name .. ".log") or ""
+  end
+
+  it("Ctrl-C saves a checkpoint; resume=true ends with the same export bytes", function()
+    if not need(stories, train, valid) or not ref then return end
+    math.randomseed(os.time())
+    local k = math.random(3, 15)
+    local rc, log = interrupted_run("int", "INT", k, {})
+    assert.are.equal(130, rc, log)
+    assert.matches("interrupted; checkpoint of step %d+ saved", log)
+    assert.is_nil(nbspec.read(tmp .. "/int/model.safetensors"))
+    local _, e, rc2 = nbspec.nibble(args { "out=" .. tmp .. "/int", "metrics=" .. tmp .. "/int.jsonl", "resume=true" })
+    assert.are.equal(0, rc2, e)
+    assert.matches("resumed from .*step%-", e)
+    assert.are.same(ref, files(tmp .. "/int"))
+  end)
+
+  it("SIGKILL with checkpoint_every=1: resume=true ends with the same export bytes", function()
+    if not need(stories, train, valid) or not ref then return end
+    local k = math.random(2, 18)
+    local rc, log = interrupted_run("kill", "KILL", k, { "checkpoint_every=1" })
+    assert.are.equal(137, rc, log)
+    local _, e, rc2 = nbspec.nibble(args { "out=" .. tmp .. "/kill", "resume=true", "checkpoint_every=1" })
+    assert.are.equal(0, rc2, e)
+    assert.matches("resumed from .*step%-", e)
+    assert.are.same(ref, files(tmp .. "/kill"))
+  end)
+end)
