@@ -493,6 +493,17 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm
         if (!s) s = add_named(ctx, w, q->name, "weight_scale", extra);
         nb_tensor_release(extra);
         extra = NULL;
+    } else if (f == NB_FMT_FP8_CHANNEL && ct) {
+        /* CT's channel strategy: weight_scale [o, 1] in the model dtype (it broadcasts over columns) */
+        nb_tensor *conv = NULL;
+        int64_t shape[2] = {q->info.out_features, 1};
+        s = add_named(ctx, w, q->name, "weight", qt->data);
+        if (!s) s = nb_tensor_to(ctx, qt->scale, out_dtype(qm, q->info.weight_param, o), &conv);
+        if (!s) s = nb_tensor_view(ctx, conv, 2, shape, &extra);
+        if (!s) s = add_named(ctx, w, q->name, "weight_scale", extra);
+        nb_tensor_release(conv);
+        nb_tensor_release(extra);
+        extra = NULL;
     } else {
         s = add_named(ctx, w, q->name, "weight", qt->data);
         if (!s) s = add_named(ctx, w, q->name, "weight_scale", qt->scale);

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Golden read-back of nibble's compressed-tensors exports, dequantized by compressed-tensors itself.
+
+nibble exports stories260K in the compressed-tensors layout (`nibble quantize --layout
+compressed-tensors`), and transformers loads each export with
+`CompressedTensorsConfig(dequantize=True)`, which hands the weights to the compressed-tensors
+package's own decompressors (NVFP4PackedCompressor, the MXFP8 and float-quantized compressors). The
+cases:
+
+  w4a16            nvfp4_w4a16 (nvfp4-pack-quantized: weight_packed, weight_scale, weight_global_scale)
+  mxfp8            mxfp8 (mxfp8-quantized: E4M3 weight, U8 E8M0 weight_scale)
+  fp8_per_channel  fp8_per_channel (float-quantized, channel strategy: weight_scale [o, 1])
+  fp8              fp8 W8A8 (float-quantized, tensor strategy), calibrated on 8 rows of 128 tokens of
+                   text/tinystories_train_head_2MiB.txt with seed 1
+
+Written into tests/golden/data/ct_readback/:
+  <case>.safetensors  the dequantized float32 weights of three modules (layers.0 k_proj, layers.2 up_proj,
+                      layers.4 o_proj; and layers.1 down_proj where it is quantized)
+  <case>.json         for every quantized module: the float64 sum and sum of squares of its dequantized
+                      weight; the dtype compressed-tensors dequantizes in; the nibble command, versions
+
+Run by hand (never in CI) with a built nibble:
+  /root/nbvenv/bin/python tests/golden/gen_ct_golden.py --nibble /tmp/build/nibble [--data ../shared/data]
+"""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import warnings
+
+import torch
+from safetensors.torch import save_file
+
+warnings.filterwarnings("ignore")
+
+import compressed_tensors  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "data", "ct_readback")
+
+CASES = {
+    "w4a16": ["--format", "nvfp4_w4a16"],
+    "mxfp8": ["--format", "mxfp8"],
+    "fp8_per_channel": ["--format", "fp8_per_channel"],
+    "fp8": ["--format", "fp8", "--calib", "{data}/text/tinystories_train_head_2MiB.txt", "--samples", "8",
+            "--seq-len", "128", "--batch", "4", "--seed", "1"],
+}
+SAVED = ["model.layers.0.self_attn.k_proj", "model.layers.2.mlp.up_proj", "model.layers.4.self_attn.o_proj",
+         "model.layers.1.mlp.down_proj"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nibble", default=os.environ.get("NIBBLE_BIN", "nibble"))
+    ap.add_argument("--data", default=os.path.join(HERE, "..", "..", "..", "shared", "data"))
+    args = ap.parse_args()
+    data = os.path.abspath(args.data)
+    hf_dir = os.path.join(data, "stories260K", "hf")
+    os.makedirs(OUT, exist_ok=True)
+    for name, extra in CASES.items():
+        extra = [a.replace("{data}", data) for a in extra]
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "export")
+            cmd = [args.nibble, "quantize", "--model", hf_dir, *extra, "--layout", "compressed-tensors",
+                   "--out", out, "--quiet"]
+            subprocess.run(cmd, check=True)
+            with open(os.path.join(out, "config.json")) as f:
+                qc = json.load(f)["quantization_config"]
+            model = AutoModelForCausalLM.from_pretrained(
+                out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True))
+            ignore = set(qc.get("ignore") or [])
+            stats, tensors = {}, {}
+            for mname, mod in model.named_modules():
+                if not isinstance(mod, torch.nn.Linear) or mname in ignore or mname == "lm_head":
+                    continue
+                w = mod.weight.detach().to(torch.float32).contiguous()
+                wd = w.double()
+                stats[mname] = {"sum": float(wd.sum()), "sumsq": float((wd * wd).sum())}
+                if mname in SAVED:
+                    tensors[mname + ".weight"] = w
+        save_file(tensors, os.path.join(OUT, name + ".safetensors"), metadata={"format": "pt"})
+        meta = {
+            "case": name,
+            # NVFP4PackedCompressor unpacks into bfloat16 (unpack_fp4_from_uint8's default dtype), so its
+            # weights are bf16(e2m1 * f32(e4m3 / weight_global_scale)); the others stay float32
+            "ct_dequant_dtype": "bfloat16" if qc.get("format") == "nvfp4-pack-quantized" else "float32",
+            "nibble_args": [a.replace(data, "$DATA") for a in extra] + ["--layout", "compressed-tensors"],
+            "format": qc.get("format"),
+            "versions": {"compressed_tensors": compressed_tensors.__version__, "torch": torch.__version__,
+                         "transformers": transformers.__version__},
+            "modules": stats,
+        }
+        with open(os.path.join(OUT, name + ".json"), "w") as f:
+            json.dump(meta, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"{name}: {qc.get('format')}, {len(stats)} modules, saved {sorted(tensors)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+-- nibble's compressed-tensors exports read back by nibble equal what the compressed-tensors package's
+-- own decompressors make of them (tests/golden/gen_ct_golden.py: transformers with
+-- CompressedTensorsConfig(dequantize=True)): every quantized module's weight sums, and three or four
+-- modules' weights value by value (NVFP4: after the bf16 rounding compressed-tensors applies).
+local ffi = require("ffi")
+local nibble = require("nibble")
+local nbspec = require("nbspec")
+local ptq = require("nibble.ptq")
+
+local stories = nbspec.data("stories260K/hf")
+local train = nbspec.data("text/tinystories_train_head_2MiB.txt")
+local golden = nbspec.source_dir .. "/tests/golden/data/ct_readback"
+
+local tmp_file = os.tmpname()
+local tmp = tmp_file .. ".d"
+os.execute("mkdir -p " .. nbspec.quote(tmp))
+teardown(function()
+  os.execute("rm -rf " .. nbspec.quote(tmp))
+  os.remove(tmp_file)
+end)
+
+-- `nibble quantize` arguments (as the generator ran them) -> the options ptq.recipe_of takes
+local function options(args)
+  local o, keys = {}, { ["--format"] = "format", ["--calib"] = "calib", ["--samples"] = "samples",
+                        ["--seq-len"] = "seq_len", ["--batch"] = "batch", ["--seed"] = "seed", ["--layout"] = "layout" }
+  for i = 1, #args, 2 do
+    local k = assert(keys[args[i]], args[i])
+    o[k] = args[i + 1]:gsub("^%$DATA", nbspec.shared)
+  end
+  return o
+end
+
+local function sums(t)
+  local p, s, s2 = t:data("const float *"), 0, 0
+  for i = 0, t:numel() - 1 do
+    local v = p[i]
+    s = s + v
+    s2 = s2 + v * v
+  end
+  return s, s2
+end
+
+describe("compressed-tensors read-back equals compressed-tensors' decompression", function()
+  for _, case in ipairs { "w4a16", "mxfp8", "fp8_per_channel", "fp8" } do
+    it(case, function()
+      if not stories or not train then pending("../shared/data is absent") return end
+      local g = nibble.json.decode(nbspec.read(golden .. "/" .. case .. ".json"))
+      local o = options(g.nibble_args)
+      o.model, o.out = stories, tmp .. "/" .. case
+      local r, args = ptq.recipe_of(o)
+      ptq.run(r, args, { quiet = true })
+      local cfg = nibble.json.decode(nbspec.read(o.out .. "/config.json"))
+      assert.are.equal(g.format, cfg.quantization_config.format)
+      local m = nibble.model.load(o.out)
+      -- compressed-tensors dequantizes NVFP4 into bfloat16: nibble's exact float32 read-back, rounded
+      -- to bf16, is what it gets (MXFP8 and FP8 stay float32 and are compared as they are)
+      local function readback(name)
+        local w = m:param(name)
+        if g.ct_dequant_dtype == "bfloat16" then return w:to("bf16"):float() end
+        assert.are.equal("float32", g.ct_dequant_dtype)
+        return w
+      end
+      local n, worst = 0, 0
+      for name, st in pairs(g.modules) do
+        local w = readback(name .. ".weight")
+        local s, s2 = sums(w)
+        -- float64 sums in another order: equal to rounding of the sums themselves
+        assert.is_true(math.abs(s - st.sum) <= 1e-9 * math.max(1, math.abs(st.sum)), name .. " sum")
+        assert.is_true(math.abs(s2 - st.sumsq) <= 1e-9 * st.sumsq, name .. " sum of squares")
+        n = n + 1
+      end
+      assert.are.equal(case:match("^fp8") and 35 or 30, n)
+      local want = nibble.load(golden .. "/" .. case .. ".safetensors")
+      for _, tname in ipairs(want:names()) do
+        local a, b = want[tname], readback(tname)
+        local d = a:max_abs_diff(b)
+        worst = math.max(worst, d)
+        assert.are.equal(0, d, tname)
+      end
+      assert.is_true(#want:names() >= 3)
+    end)
+  end
+end)
