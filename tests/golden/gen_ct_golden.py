@@ -12,12 +12,18 @@ cases:
   fp8_per_channel  fp8_per_channel (float-quantized, channel strategy: weight_scale [o, 1])
   fp8              fp8 W8A8 (float-quantized, tensor strategy), calibrated on 8 rows of 128 tokens of
                    text/tinystories_train_head_2MiB.txt with seed 1
+  mixed            tests/recipes/fixtures/mixed.lua (MXFP8 on *.mlp.*, NVFP4 elsewhere: "mixed-precision"
+                   with per-module targets). transformers' loader applies one dense scheme to every
+                   layer, so this case goes through compressed-tensors' ModelCompressor directly:
+                   apply_quantization_config, compress_model (the compressed parameters), the
+                   checkpoint's state dict, decompress_model.
 
 Written into tests/golden/data/ct_readback/:
   <case>.safetensors  the dequantized float32 weights of three modules (layers.0 k_proj, layers.2 up_proj,
                       layers.4 o_proj; and layers.1 down_proj where it is quantized)
   <case>.json         for every quantized module: the float64 sum and sum of squares of its dequantized
-                      weight; the dtype compressed-tensors dequantizes in; the nibble command, versions
+                      weight and whether its values are bf16 (compressed-tensors dequantizes NVFP4 into
+                      bfloat16); the nibble command, the versions used
 
 Run by hand (never in CI) with a built nibble:
   /root/nbvenv/bin/python tests/golden/gen_ct_golden.py --nibble /tmp/build/nibble [--data ../shared/data]
@@ -47,9 +53,30 @@ CASES = {
     "fp8_per_channel": ["--format", "fp8_per_channel"],
     "fp8": ["--format", "fp8", "--calib", "{data}/text/tinystories_train_head_2MiB.txt", "--samples", "8",
             "--seq-len", "128", "--batch", "4", "--seed", "1"],
+    "mixed": ["--recipe", "tests/recipes/fixtures/mixed.lua"],
 }
 SAVED = ["model.layers.0.self_attn.k_proj", "model.layers.2.mlp.up_proj", "model.layers.4.self_attn.o_proj",
          "model.layers.1.mlp.down_proj"]
+
+
+def decompress_with_model_compressor(path, qc_dict):
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    cfg = AutoConfig.from_pretrained(path)
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    model = LlamaForCausalLM(cfg).float()
+    qc = QuantizationConfig.model_validate(qc_dict)
+    apply_quantization_config(model, qc)
+    mc = ModelCompressor(quantization_config=qc)
+    mc.compress_model(model)
+    missing, unexpected = model.load_state_dict(load_file(os.path.join(path, "model.safetensors")), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    mc.decompress_model(model)
+    return model
 
 
 def main():
@@ -64,13 +91,20 @@ def main():
         extra = [a.replace("{data}", data) for a in extra]
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "export")
-            cmd = [args.nibble, "quantize", "--model", hf_dir, *extra, "--layout", "compressed-tensors",
-                   "--out", out, "--quiet"]
-            subprocess.run(cmd, check=True)
+            if extra[0] == "--recipe":
+                cmd = [args.nibble, "run", os.path.join(HERE, "..", "..", extra[1]), "model=" + hf_dir,
+                       "out=" + out, "layout=compressed-tensors"]
+            else:
+                cmd = [args.nibble, "quantize", "--model", hf_dir, *extra, "--layout", "compressed-tensors",
+                       "--out", out, "--quiet"]
+            subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
             with open(os.path.join(out, "config.json")) as f:
                 qc = json.load(f)["quantization_config"]
-            model = AutoModelForCausalLM.from_pretrained(
-                out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True))
+            if qc.get("format") == "mixed-precision":
+                model = decompress_with_model_compressor(out, qc)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True))
             ignore = set(qc.get("ignore") or [])
             stats, tensors = {}, {}
             for mname, mod in model.named_modules():
@@ -78,15 +112,16 @@ def main():
                     continue
                 w = mod.weight.detach().to(torch.float32).contiguous()
                 wd = w.double()
-                stats[mname] = {"sum": float(wd.sum()), "sumsq": float((wd * wd).sum())}
+                # NVFP4PackedCompressor unpacks into bfloat16 (unpack_fp4_from_uint8's default), so its
+                # weights are bf16(e2m1 * f32(e4m3 / weight_global_scale)): say which values are bf16
+                bf16 = bool(torch.equal(w, w.to(torch.bfloat16).to(torch.float32)))
+                stats[mname] = {"sum": float(wd.sum()), "sumsq": float((wd * wd).sum()),
+                                "dtype": "bfloat16" if bf16 else "float32"}
                 if mname in SAVED:
                     tensors[mname + ".weight"] = w
         save_file(tensors, os.path.join(OUT, name + ".safetensors"), metadata={"format": "pt"})
         meta = {
             "case": name,
-            # NVFP4PackedCompressor unpacks into bfloat16 (unpack_fp4_from_uint8's default dtype), so its
-            # weights are bf16(e2m1 * f32(e4m3 / weight_global_scale)); the others stay float32
-            "ct_dequant_dtype": "bfloat16" if qc.get("format") == "nvfp4-pack-quantized" else "float32",
             "nibble_args": [a.replace(data, "$DATA") for a in extra] + ["--layout", "compressed-tensors"],
             "format": qc.get("format"),
             "versions": {"compressed_tensors": compressed_tensors.__version__, "torch": torch.__version__,
