@@ -9,6 +9,8 @@ fixed batch of token ids), and written with the real `export_hf_checkpoint`. The
   nvfp4   NVFP4_DEFAULT_CFG W4A4 NVFP4, input_scale from the calibrated input amax (down_proj disabled)
   mxfp8   MXFP8_DEFAULT_CFG MXFP8 weights, dynamic MX activations (down_proj disabled: 172 % 32 != 0)
   fp8     FP8_DEFAULT_CFG   FP8 per tensor, weights and activations (every linear but lm_head)
+  mixed   W4A16_NVFP4_CFG with MXFP8 weights on *mlp* (MIXED_PRECISION; down_proj disabled), the
+          same as tests/recipes/fixtures/mixed.lua
 
 Weight amax under max calibration is max|w| (deterministic); nibble computes the same from the same
 weights. Input amax depends on the forward pass, so it is recorded here (before export) and the test
@@ -50,6 +52,7 @@ CASES = {
     "nvfp4": ("NVFP4_DEFAULT_CFG", True),
     "mxfp8": ("MXFP8_DEFAULT_CFG", True),
     "fp8": ("FP8_DEFAULT_CFG", False),
+    "mixed": ("W4A16_NVFP4_CFG", True),
 }
 
 # One fixed calibration batch: BOS then a deterministic walk over the 512-token vocabulary.
@@ -68,6 +71,9 @@ def run_case(hf_dir, name, cfg_name, disable_down):
     model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     model.eval()
     cfg = copy.deepcopy(getattr(mtq, cfg_name))
+    if name == "mixed":
+        mx = copy.deepcopy(mtq.MXFP8_DEFAULT_CFG["quant_cfg"][1]["cfg"])   # the MXFP8 weight quantizer
+        cfg["quant_cfg"].append({"quantizer_name": "*mlp*weight_quantizer", "cfg": mx})
     if disable_down:
         cfg["quant_cfg"].append({"enable": False, "quantizer_name": "*down_proj*"})
     ids = torch.tensor(CALIB_IDS)

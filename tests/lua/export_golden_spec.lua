@@ -1,5 +1,6 @@
 -- nibble's export against nvidia-modelopt's own exporter (tests/golden/gen_export_golden.py): the
--- same stories260K weights, the same recipe (W4A16 NVFP4, W4A4 NVFP4, MXFP8, FP8) and the same input
+-- same stories260K weights, the same recipe (W4A16 NVFP4, W4A4 NVFP4, MXFP8, FP8, and MIXED_PRECISION:
+-- MXFP8 on the MLP, NVFP4 elsewhere) and the same input
 -- amaxes give the same bytes in every quantized tensor (weight, weight_scale, weight_scale_2,
 -- input_scale) and the same hf_quant_config.json / quantization_config up to the producer.
 local ffi = require("ffi")
@@ -35,13 +36,15 @@ local function bytes(t)
 end
 
 describe("export equals ModelOpt's export_hf_checkpoint", function()
-  for _, case in ipairs { "w4a16", "nvfp4", "mxfp8", "fp8" } do
+  for _, case in ipairs { "w4a16", "nvfp4", "mxfp8", "fp8", "mixed" } do
     it(case, function()
       if not stories then pending("../shared/data is absent") return end
       local g = nibble.json.decode(nbspec.read(golden .. "/" .. case .. ".json"))
       local m = nibble.model.load(stories)
       local qm = qmodel.new(m)
-      local plan = recipe.resolve(recipe.compose(recipe.new { extends = units[case] }), ptq.modules(m))
+      local r = case == "mixed" and recipe.load(nbspec.source_dir .. "/tests/recipes/fixtures/mixed.lua", {})
+                or recipe.new { extends = units[case] }
+      local plan = recipe.resolve(recipe.compose(r), ptq.modules(m))
       ptq.apply(qm, plan)
       -- the same modules are quantized
       local names = {}
