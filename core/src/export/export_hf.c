@@ -185,7 +185,7 @@ static int summarize_excludes(char **unq, int64_t n_unq, char **quant, int64_t n
         free(b);
     }
     strset_free(&neg);
-    if (!rc) qsort(res->v, (size_t)res->n, sizeof *res->v, cmp_str);
+    if (!rc && res->n > 1) qsort(res->v, (size_t)res->n, sizeof *res->v, cmp_str);
     return rc;
 }
 
@@ -267,7 +267,7 @@ static cJSON *modelopt_quantization_config(const nb_qmodel *qm, const export_pla
                 if (included[i] && strcmp(quant_algo_of(&qm->mods[i].spec), algos[k]) == 0 &&
                     group_size_of(&qm->mods[i].spec) == gss[k])
                     strset_add(&names, qm->mods[i].name, strlen(qm->mods[i].name));
-            qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
+            if (names.n > 1) qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
             cJSON *t = cJSON_AddArrayToObject(g, "targets");
             for (int64_t i = 0; i < names.n; i++) cJSON_AddItemToArray(t, cJSON_CreateString(names.v[i]));
             strset_free(&names);
