@@ -454,8 +454,11 @@ end
 
 -- execute(r [, args]): what `nibble run FILE` does with a declarative recipe the file returned: a
 -- recipe with `distill` is a QAD run (nibble.qad), otherwise PTQ (nibble.ptq). Returns the result.
+-- Only recipes are run: tables made by nibble.recipe{...}, or with `extends` / `quantize`; a script
+-- that returns some other table keeps it to itself (nil is returned).
 function M.execute(r, args)
   if type(r) ~= "table" then error("recipe: expected a recipe table, got " .. type(r), 0) end
+  if not tagged[r] and r.extends == nil and r.quantize == nil then return nil end
   tagged[r] = true
   if r.distill ~= nil then
     local ok_path = package.searchpath("nibble.qad", package.path)

@@ -217,6 +217,41 @@ describe("ptq on stories260K", function()
   end)
 end)
 
+describe("the command line", function()
+  it("nibble run recipes/ptq.lua and nibble quantize write the same checkpoint", function()
+    if not need(stories) then return end
+    local a, b = tmp .. "/cli-run", tmp .. "/cli-quantize"
+    local out, err, rc = nbspec.nibble { "run", nbspec.source_dir .. "/recipes/ptq.lua", "model=" .. stories,
+                                         "out=" .. a, "format=nvfp4_4o6" }
+    assert.are.equal(0, rc, err)
+    assert.truthy(err:find("ptq: 30 of 36 linear modules quantized, 10 fused sibling groups, algorithm four_over_six",
+                           1, true), err)
+    assert.truthy(err:find("weight-only formats need no data", 1, true), err)
+    out, err, rc = nbspec.nibble { "quantize", "--model", stories, "--format", "nvfp4_4o6", "--out", b, "--quiet" }
+    assert.are.equal(0, rc, err)
+    assert.are.equal("", err)
+    assert.truthy(out:find("quantized 30 modules (nvfp4_4o6, four_over_six) -> " .. b, 1, true), out)
+    assert.is_true(nbspec.read(a .. "/model.safetensors") == nbspec.read(b .. "/model.safetensors"))
+    assert.is_true(nbspec.read(a .. "/config.json") == nbspec.read(b .. "/config.json"))
+    -- a script that returns a table that is not a recipe keeps it to itself
+    local script = tmp .. "/returns.lua"
+    nbspec.write(script, "print('hi') return { 1, 2, answer = 42 }\n")
+    out, err, rc = nbspec.nibble { "run", script }
+    assert.are.equal(0, rc, err)
+    assert.are.equal("hi\n", out)
+  end)
+
+  it("shows calibration progress with samples, tokens/s and ETA", function()
+    if not need(stories, train) then return end
+    local _, err, rc = nbspec.nibble { "quantize", "--model", stories, "--format", "fp8", "--calib", train,
+                                       "--samples", "6", "--seq-len", "64", "--batch", "2", "--out", tmp .. "/cli-fp8" }
+    assert.are.equal(0, rc, err)
+    assert.truthy(err:find("calibration: 6 samples of 64 tokens from " .. train .. " (batch 2, offset ", 1, true), err)
+    assert.truthy(err:find("\rcalibrating: 6/6 samples  %d+ tok/s  ETA 0:00"), err)
+    assert.truthy(err:find("coverage: every input quantizer saw calibration data", 1, true), err)
+  end)
+end)
+
 describe("untied lm_head (transformers Llama-3 golden model)", function()
   it("stays unquantized by default and is quantized when a rule names it", function()
     local m = nibble.model.load(llama3)
