@@ -95,7 +95,7 @@ static void run(nb_ctx *ctx, const scenario *sc) {
         int64_t n = nb_tensor_numel(w), nd;
         if (!wq) {
             CHECK_MSG(max_diff(nb_tensor_data(w), nb_tensor_data(w_mo), n, &nd) == 0, "%s unquantized", pname);
-            CHECK_EQ_INT(nb_model_param_src_dtype(rb, nb_model_find_param(rb, pname)), NB_F32);
+            CHECK_EQ_INT(nb_model_param_src_dtype(rb, nb_model_find_param(rb, pname)), nb_model_param_src_dtype(m, p));
             continue;
         }
         quantized++;
@@ -233,6 +233,31 @@ int main(void) {
     };
     for (size_t k = 0; k < sizeof scs / sizeof scs[0]; k++) run(ctx, &scs[k]);
     malformed(ctx);
+
+    /* A BF16 checkpoint: ModelOpt's FP8 export divides in bf16 (w_bf16 / bf16(s), FORMATS §6.4); the
+     * quantizer takes the same division from the weight's source dtype, so the student's fake quant
+     * and the export still agree bit for bit (a BF16 copy of stories260K, written by nibble itself) */
+    {
+        nb_model *m = NULL;
+        nb_qmodel *qm = NULL;
+        CHECK_OK(ctx, nb_model_load(ctx, hf, &m));
+        CHECK_OK(ctx, nb_qmodel_new(ctx, m, &qm));
+        nb_export_opts eo;
+        nb_export_opts_init(&eo);
+        eo.dtype = NB_BF16;
+        snprintf(hf, sizeof hf, "%s/bf16-src", tmpdir);
+        CHECK_OK(ctx, nb_qmodel_export(ctx, qm, hf, &eo));
+        nb_qmodel_free(qm);
+        nb_model_free(m);
+        m = NULL;
+        CHECK_OK(ctx, nb_model_load(ctx, hf, &m));
+        if (m) CHECK_EQ_INT(nb_model_param_src_dtype(m, nb_model_find_param(m, "model.layers.0.mlp.up_proj.weight")), NB_BF16);
+        nb_model_free(m);
+        static const scenario bf = {"fp8_bf16", NB_FMT_FP8_TENSOR, NB_FMT_FP8_TENSOR, NB_FMT_FP8_TENSOR, NB_CALIB_MAX, 0};
+        static const scenario bfw = {"w4a16_bf16", NB_FMT_NVFP4, NB_FMT_NVFP4, NB_FMT_NONE, NB_CALIB_MAX, 1};
+        run(ctx, &bf);
+        run(ctx, &bfw);
+    }
     nb_ctx_release(ctx);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

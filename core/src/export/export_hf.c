@@ -466,6 +466,11 @@ static nb_status add_named(nb_ctx *ctx, nb_st_writer *w, const char *module, con
     return nb_st_writer_add(ctx, w, name, t);
 }
 
+/* llm-compressor keeps FP8 scales in the model dtype. Rounding a scale to BF16 would make the checkpoint
+ * dequantize with another scale than the one its codes (and the calibrated student) used, so nibble
+ * writes them as F32 [1] / [o, 1], which vLLM and compressed-tensors upcast to anyway. */
+static nb_dtype ct_fp8_scale_dtype(void) { return NB_F32; }
+
 static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm, const nb_qmod *q, const nb_export_opts *o) {
     nb_tensor *wt = nb_model_param(qm->m, q->info.weight_param);
     nb_qtensor *qt = NULL;
@@ -487,18 +492,17 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm
         }
     } else if (f == NB_FMT_FP8_TENSOR && ct) {
         float sc = *(const float *)nb_tensor_data(qt->scale);
-        nb_dtype model_dt = out_dtype(qm, q->info.weight_param, o);
         s = add_named(ctx, w, q->name, "weight", qt->data);
-        if (!s) s = scalar_f32(ctx, sc, 1, model_dt, &extra);   /* CT keeps FP8 scales in the model dtype */
+        if (!s) s = scalar_f32(ctx, sc, 1, ct_fp8_scale_dtype(), &extra);
         if (!s) s = add_named(ctx, w, q->name, "weight_scale", extra);
         nb_tensor_release(extra);
         extra = NULL;
     } else if (f == NB_FMT_FP8_CHANNEL && ct) {
-        /* CT's channel strategy: weight_scale [o, 1] in the model dtype (it broadcasts over columns) */
+        /* CT's channel strategy: weight_scale [o, 1] (it broadcasts over columns) */
         nb_tensor *conv = NULL;
         int64_t shape[2] = {q->info.out_features, 1};
         s = add_named(ctx, w, q->name, "weight", qt->data);
-        if (!s) s = nb_tensor_to(ctx, qt->scale, out_dtype(qm, q->info.weight_param, o), &conv);
+        if (!s) s = nb_tensor_to(ctx, qt->scale, ct_fp8_scale_dtype(), &conv);
         if (!s) s = nb_tensor_view(ctx, conv, 2, shape, &extra);
         if (!s) s = add_named(ctx, w, q->name, "weight_scale", extra);
         nb_tensor_release(conv);
@@ -514,7 +518,7 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm
         if (!s) {
             int nvfp4_in = q->spec.input_format == NB_FMT_NVFP4;
             if (ct && nvfp4_in) s = scalar_f32(ctx, 1.0f / is, 1, NB_F32, &extra);
-            else if (ct) s = scalar_f32(ctx, is, 1, out_dtype(qm, q->info.weight_param, o), &extra);
+            else if (ct) s = scalar_f32(ctx, is, 1, ct_fp8_scale_dtype(), &extra);
             else s = scalar_f32(ctx, is, 0, NB_F32, &extra);
             if (!s) s = add_named(ctx, w, q->name, ct && nvfp4_in ? "input_global_scale" : "input_scale", extra);
             nb_tensor_release(extra);
