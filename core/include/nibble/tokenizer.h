@@ -52,6 +52,12 @@ nb_status nb_tokenizer_from_spm(nb_ctx *ctx, const char *path, nb_tokenizer **ou
 /* Any of the above by path: a directory (tokenizer.json, else tokenizer.model), *.gguf, *.model, *.json. */
 nb_status nb_tokenizer_load(nb_ctx *ctx, const char *path, nb_tokenizer **out);
 void nb_tokenizer_free(nb_tokenizer *tok);
+/* Write the tokenizer as Hugging Face files into dir (created if missing): tokenizer.json (a BPE
+ * model that HF tokenizers, transformers and nb_tokenizer_from_json load and that encodes to the
+ * same ids), tokenizer_config.json (BOS/EOS, add_bos_token, model_max_length, the chat template)
+ * and special_tokens_map.json. For tokenizers from a GGUF (`gpt2` and `llama`) or a tokenizer.model;
+ * NB_ERR_UNSUPPORTED for one loaded from a tokenizer.json (copy that file instead). */
+nb_status nb_tokenizer_save_json(nb_ctx *ctx, const nb_tokenizer *tok, const char *dir);
 
 /* Encode len bytes of text (need not be NUL-terminated) and append the ids to out.
  * A tokenizer is read-only after loading: encode/decode may run on several threads at once. */

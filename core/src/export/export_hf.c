@@ -16,6 +16,7 @@
 
 #include "io/json_py.h"
 #include "nibble/safetensors.h"
+#include "nibble/tokenizer.h"
 #include "ptq/qmodel_internal.h"
 
 void nb_export_opts_init(nb_export_opts *o) {
@@ -561,6 +562,41 @@ static nb_status decide(nb_ctx *ctx, nb_qmodel *qm, const nb_export_opts *o, int
     return NB_OK;
 }
 
+/* A GGUF holds its tokenizer: when no source directory supplied a tokenizer.json, write the GGUF's
+ * as HF files (tokenizer.json, tokenizer_config.json, special_tokens_map.json) and a
+ * generation_config.json with its BOS/EOS, so that transformers, vLLM and `nibble eval` can use the
+ * export. A GGUF without a tokenizer, or with one nibble cannot convert, is exported without one,
+ * as before. */
+static nb_status write_gguf_tokenizer(nb_ctx *ctx, const char *gguf_path, const char *tmp) {
+    char path[4096];
+    if (join_path(path, sizeof path, tmp, "tokenizer.json") != 0) return nb_fail(ctx, NB_ERR_INVALID, "path too long");
+    if (file_exists(path)) return NB_OK;
+    nb_tokenizer *tok = NULL;
+    nb_status s = nb_tokenizer_load(ctx, gguf_path, &tok);
+    if (s == NB_ERR_NOT_FOUND || s == NB_ERR_UNSUPPORTED) {
+        nb_ctx_clear_error(ctx);
+        return NB_OK;
+    }
+    if (s) return s;
+    s = nb_tokenizer_save_json(ctx, tok, tmp);
+    if (s == NB_ERR_UNSUPPORTED) {
+        /* nothing was written: the checks come before the files */
+        nb_ctx_clear_error(ctx);
+        nb_tokenizer_free(tok);
+        return NB_OK;
+    }
+    join_path(path, sizeof path, tmp, "generation_config.json");
+    if (!s && !file_exists(path)) {
+        cJSON *g = cJSON_CreateObject();
+        if (nb_tokenizer_bos(tok) >= 0) cJSON_AddNumberToObject(g, "bos_token_id", nb_tokenizer_bos(tok));
+        if (nb_tokenizer_eos(tok) >= 0) cJSON_AddNumberToObject(g, "eos_token_id", nb_tokenizer_eos(tok));
+        if (nb_json_py_write_file(path, g, 2, 0, 1) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot write %s", path);
+        cJSON_Delete(g);
+    }
+    nb_tokenizer_free(tok);
+    return s;
+}
+
 static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb_export_opts *o, const int *included) {
     nb_status s = NB_OK;
     /* map weight parameters to their quantized module */
@@ -672,6 +708,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
         join_path(path, sizeof path, tmp, extra[k]);
         s = copy_file(ctx, src, path);
     }
+    if (!s && nb_model_format_of(qm->m) == NB_MODEL_GGUF) s = write_gguf_tokenizer(ctx, nb_model_path(qm->m), tmp);
     return s;
 }
 

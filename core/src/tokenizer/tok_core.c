@@ -135,7 +135,7 @@ nb_status tok_new(nb_ctx *ctx, nb_tokenizer **out) {
     if (!t) return NB_ERR_NOMEM;
     nb_ctx_retain(ctx);
     t->ctx = ctx;
-    t->bos = t->eos = t->unk = -1;
+    t->bos = t->eos = t->unk = t->pad = -1;
     for (int i = 0; i < 256; i++) t->byte_tok[i] = -1;
     snprintf(t->pre_name, sizeof(t->pre_name), "none");
     *out = t;
@@ -352,10 +352,32 @@ nb_status tok_add_pre(nb_tokenizer *t, const char *pattern, size_t len, int lite
                        (int)len, pattern, (size_t)erroff, (const char *)msg);
     }
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);   /* the interpreter still works if JIT is absent */
-    t->pre[t->n_pre].re = re;
-    t->pre[t->n_pre].behavior = behavior;
-    t->pre[t->n_pre].invert = invert;
+    char *copy = nb_alloc(t->ctx, len + 1);
+    if (!copy) {
+        pcre2_code_free(re);
+        return NB_ERR_NOMEM;
+    }
+    if (len) memcpy(copy, pattern, len);
+    copy[len] = 0;
+    tok_pre_step *st = &t->pre[t->n_pre];
+    st->re = re;
+    st->behavior = behavior;
+    st->invert = invert;
+    st->literal = literal != 0;
+    st->pattern = copy;
+    st->pattern_len = len;
     t->n_pre++;
+    return NB_OK;
+}
+
+nb_status tok_set_chat_template(nb_tokenizer *t, const char *s, size_t len) {
+    if (t->chat_template) nb_dealloc(t->ctx, t->chat_template, t->chat_template_len + 1);
+    t->chat_template = nb_alloc(t->ctx, len + 1);
+    t->chat_template_len = 0;
+    if (!t->chat_template) return NB_ERR_NOMEM;
+    if (len) memcpy(t->chat_template, s, len);
+    t->chat_template[len] = 0;
+    t->chat_template_len = len;
     return NB_OK;
 }
 
@@ -610,7 +632,11 @@ nb_status tok_finish(nb_tokenizer *t) {
 void nb_tokenizer_free(nb_tokenizer *t) {
     if (!t) return;
     nb_ctx *ctx = t->ctx;
-    for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
+    for (int i = 0; i < t->n_pre; i++) {
+        pcre2_code_free(t->pre[i].re);
+        nb_dealloc(ctx, t->pre[i].pattern, t->pre[i].pattern_len + 1);
+    }
+    if (t->chat_template) nb_dealloc(ctx, t->chat_template, t->chat_template_len + 1);
     if (t->ent) nb_dealloc(ctx, t->ent, t->ent_cap * sizeof(tok_entry));
     if (t->tflags) nb_dealloc(ctx, t->tflags, t->ent_cap);
     if (t->arena) nb_dealloc(ctx, t->arena, t->arena_cap);

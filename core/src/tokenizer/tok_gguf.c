@@ -126,6 +126,23 @@ static nb_status load_gguf(nb_tokenizer *t, nb_gguf *g) {
         snprintf(t->kind, sizeof(t->kind), "byte-bpe");
     }
     if (t->unk >= 0 && t->ent[t->unk].type == NB_TOKEN_NORMAL) t->ent[t->unk].type = NB_TOKEN_UNKNOWN;
+    t->pad = kv_token(g, "tokenizer.ggml.padding_token_id", -1, nv);
+    /* what a tokenizer.json written from this one needs: the context length and the chat template */
+    int64_t ka = nb_gguf_find_key(g, "general.architecture");
+    const char *arch = ka >= 0 ? nb_gguf_kv_str(g, ka, NULL) : NULL;
+    if (arch && strlen(arch) < 200) {
+        char key[256];
+        snprintf(key, sizeof(key), "%s.context_length", arch);
+        int64_t cl = kv_int(g, key, 0);
+        t->max_len = cl > 0 ? cl : 0;
+    }
+    int64_t kc = nb_gguf_find_key(g, "tokenizer.chat_template");
+    if (kc >= 0 && nb_gguf_kv_type(g, kc) == NB_GGUF_STRING) {
+        uint64_t cl = 0;
+        const char *ct = nb_gguf_kv_str(g, kc, &cl);
+        if (ct && (s = tok_set_chat_template(t, ct, (size_t)cl)) != NB_OK) return s;
+    }
+    t->source = TOK_SRC_GGUF;
     if (nb_gguf_find_key(g, "tokenizer.ggml.add_bos_token") >= 0)
         t->add_bos = kv_int(g, "tokenizer.ggml.add_bos_token", 0) != 0;
     t->add_eos = kv_int(g, "tokenizer.ggml.add_eos_token", 0) != 0;

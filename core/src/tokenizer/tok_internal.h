@@ -18,6 +18,8 @@ enum { TOK_PREFIX_NEVER = 0, TOK_PREFIX_ALWAYS = 1, TOK_PREFIX_FIRST = 2 };
 enum { TOK_SPLIT_ISOLATED = 0, TOK_SPLIT_REMOVED = 1, TOK_SPLIT_MERGED_PREV = 2, TOK_SPLIT_MERGED_NEXT = 3,
        TOK_SPLIT_CONTIGUOUS = 4 };
 enum { TOK_MAX_PRE = 8 };
+/* where the tokenizer came from */
+enum { TOK_SRC_NONE = 0, TOK_SRC_JSON = 1, TOK_SRC_GGUF = 2, TOK_SRC_SPM = 3 };
 /* per-token flags beside the type */
 enum { TOK_F_LSTRIP = 1, TOK_F_RSTRIP = 2, TOK_F_EOG = 4, TOK_F_ADDED = 8, TOK_F_NORMALIZED = 16 };
 
@@ -28,11 +30,15 @@ typedef struct tok_entry {
     int32_t type;                    /* nb_token_type */
 } tok_entry;
 
-/* One pre-tokenizer step: split every current piece with a regex. */
+/* One pre-tokenizer step: split every current piece with a regex. The pattern text is kept so the
+ * tokenizer can be written back as a tokenizer.json (tok_save.c). */
 typedef struct tok_pre_step {
     pcre2_code *re;
     int behavior;                    /* TOK_SPLIT_* */
     int invert;
+    int literal;                     /* the pattern is plain text (HF's {"String": ...}) */
+    char *pattern;                   /* NUL-terminated copy, counted on the tokenizer's ctx */
+    size_t pattern_len;
 } tok_pre_step;
 
 /* Open-addressing map from a token's spelling to its id (the keys live in the vocabulary). */
@@ -88,10 +94,14 @@ struct nb_tokenizer {
     int32_t spec_start[257];
     int32_t n_spec;
 
-    int32_t bos, eos, unk;
+    int32_t bos, eos, unk, pad;      /* pad: tokenizer.ggml.padding_token_id, -1 when absent */
     int add_bos, add_eos;
     char kind[16];
     char pre_name[48];
+    int source;                      /* TOK_SRC_* */
+    int64_t max_len;                 /* the model's context length when the source says it (GGUF), else 0 */
+    char *chat_template;             /* tokenizer.chat_template (GGUF), counted on ctx; NULL when absent */
+    size_t chat_template_len;
 };
 
 /* ---- builders used by the loaders ---------------------------------------------------------- */
@@ -113,6 +123,9 @@ nb_status tok_finish(nb_tokenizer *t);
 int32_t tok_lookup(const nb_tokenizer *t, const char *s, size_t len);
 /* The GGUF pre-tokenizer name -> regex steps (llama.cpp's table); NB_ERR_UNSUPPORTED if unknown. */
 nb_status tok_set_pre_by_name(nb_tokenizer *t, const char *name);
+
+/* Keep a copy of the chat template (counted on the tokenizer's ctx). */
+nb_status tok_set_chat_template(nb_tokenizer *t, const char *s, size_t len);
 
 /* GPT-2's byte-level regex (what ByteLevel with use_regex applies). */
 extern const char *const tok_re_gpt2;

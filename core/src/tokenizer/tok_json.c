@@ -83,7 +83,16 @@ static nb_status parse_normalizer(nb_tokenizer *t, const char *path, const cJSON
     }
     if (!strcmp(type, "Replace")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(n, "pattern");
-        const char *from = jstr(pat, "String"), *to = jstr(n, "content");
+        const char *from = jstr(pat, "String"), *to = jstr(n, "content"), *re = jstr(pat, "Regex");
+        /* SentencePiece's remove_extra_whitespaces, as transformers' converter spells it: spaces
+         * (only spaces) trimmed at both ends, runs of them folded into one. It must come before
+         * the ' ' -> '▁' escape for the patterns to see the spaces. */
+        if (re && to && !t->norm_escape && !t->norm_prefix &&
+            ((!strcmp(re, "\\A +| +\\z") && !strcmp(to, "")) || (!strcmp(re, " {2,}") && !strcmp(to, " ")))) {
+            t->norm_remove_extra_ws = 1;
+            t->norm_is_normalizer = 1;
+            return NB_OK;
+        }
         if (!from || !to || strcmp(from, " ") != 0 || strcmp(to, META) != 0)
             return unsupported(ctx, path, "Replace normalizer other than ' ' -> '\xe2\x96\x81', from", from);
         t->norm_escape = 1;
@@ -380,6 +389,7 @@ nb_status nb_tokenizer_from_json(nb_ctx *ctx, const char *path_or_dir, nb_tokeni
     t->add_bos = jbool(tcfg, "add_bos_token", ti.n_pre > 0);
     t->add_eos = jbool(tcfg, "add_eos_token", ti.n_post > 0);
     if (t->unk < 0) t->unk = config_token(t, tcfg, "unk_token");
+    t->source = TOK_SRC_JSON;
     s = tok_finish(t);
 done:
     cJSON_Delete(root);

@@ -208,6 +208,7 @@ nb_status nb_tokenizer_from_spm(nb_ctx *ctx, const char *path, nb_tokenizer **ou
     t->add_bos = 1;   /* the Llama convention, as llama.cpp applies it to every SentencePiece vocabulary */
     t->add_eos = 0;
     snprintf(t->kind, sizeof(t->kind), "spm");
+    t->source = TOK_SRC_SPM;
     s = tok_finish(t);
 done:
     free(data);
