@@ -257,27 +257,49 @@ NB_AVX2 void nbq_avx2_mxfp8_fake_row(const float *x, int64_t n, const nb_qrow_ar
 /* ---- FP8 per tensor / per row ---------------------------------------------------------------------- */
 
 /* w / s, rounded to the model dtype for ModelOpt's per-tensor quirk (fp8.c `scaled`). */
-NB_AVX2 static inline __m256 fp8_scaled(const float *x, __m256 s, int32_t div_dtype) {
+NB_AVX2 __attribute__((always_inline)) static inline __m256 fp8_scaled(const float *x, __m256 s, const int32_t dd,
+                                                                        const int nan_ok) {
     __m256 v = _mm256_div_ps(_mm256_loadu_ps(x), s);
-    if (div_dtype == NB_BF16) v = round_bf16(v);
-    else if (div_dtype == NB_F16) v = round_f16(v);
+    if (dd == NB_BF16) v = round_bf16_(v, nan_ok);
+    else if (dd == NB_F16) v = round_f16(v);
     return v;
 }
 
-NB_AVX2 static inline void fp8_q32(const float *x, __m256 sc, int32_t dd, uint8_t *q, const int nan_ok) {
-    __m256i r = pack_bytes32(e4m3_enc_(fp8_scaled(x, sc, dd), nan_ok), e4m3_enc_(fp8_scaled(x + 8, sc, dd), nan_ok),
-                             e4m3_enc_(fp8_scaled(x + 16, sc, dd), nan_ok), e4m3_enc_(fp8_scaled(x + 24, sc, dd), nan_ok));
-    _mm256_storeu_si256((__m256i *)q, r);
+/* Whole 32-element steps of a row (quantize into q, or fake quant into y); returns the elements done. */
+NB_AVX2 __attribute__((always_inline)) static inline int64_t fp8_steps(const float *x, int64_t n, __m256 sc,
+                                                                        const int32_t dd, uint8_t *q, float *y,
+                                                                        const int nan_ok) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i c0 = e4m3_enc_(fp8_scaled(x + i, sc, dd, nan_ok), nan_ok);
+        __m256i c1 = e4m3_enc_(fp8_scaled(x + i + 8, sc, dd, nan_ok), nan_ok);
+        __m256i c2 = e4m3_enc_(fp8_scaled(x + i + 16, sc, dd, nan_ok), nan_ok);
+        __m256i c3 = e4m3_enc_(fp8_scaled(x + i + 24, sc, dd, nan_ok), nan_ok);
+        if (y) {
+            _mm256_storeu_ps(y + i, _mm256_mul_ps(e4m3_dec(c0), sc));
+            _mm256_storeu_ps(y + i + 8, _mm256_mul_ps(e4m3_dec(c1), sc));
+            _mm256_storeu_ps(y + i + 16, _mm256_mul_ps(e4m3_dec(c2), sc));
+            _mm256_storeu_ps(y + i + 24, _mm256_mul_ps(e4m3_dec(c3), sc));
+        } else {
+            _mm256_storeu_si256((__m256i *)(q + i), pack_bytes32(c0, c1, c2, c3));
+        }
+    }
+    return i;
+}
+
+/* One instance per (div dtype, NaN possible): a finite scale > 0 keeps x/s of finite x out of NaN. */
+NB_AVX2 static int64_t fp8_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, float *y) {
+    const __m256 sc = f32(a->scale);
+    int nn = normal_scale(a->scale);
+    switch (a->div_dtype) {
+    case NB_BF16: return nn ? fp8_steps(x, n, sc, NB_BF16, q, y, 0) : fp8_steps(x, n, sc, NB_BF16, q, y, 1);
+    case NB_F16: return nn ? fp8_steps(x, n, sc, NB_F16, q, y, 0) : fp8_steps(x, n, sc, NB_F16, q, y, 1);
+    default: return nn ? fp8_steps(x, n, sc, NB_F32, q, y, 0) : fp8_steps(x, n, sc, NB_F32, q, y, 1);
+    }
 }
 
 NB_AVX2 void nbq_avx2_fp8_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
-    const __m256 sc = f32(a->scale);
-    const int32_t dd = a->div_dtype;
-    int64_t i = 0;
-    if (normal_scale(a->scale))
-        for (; i + 32 <= n; i += 32) fp8_q32(x + i, sc, dd, q + i, 0);
-    else
-        for (; i + 32 <= n; i += 32) fp8_q32(x + i, sc, dd, q + i, 1);
+    int64_t i = fp8_row(x, n, a, q, NULL);
     if (i < n) nb_fp8_quantize_row_ref(x + i, n - i, a, q + i, s);
 }
 
@@ -289,10 +311,7 @@ NB_AVX2 void nbq_avx2_fp8_dequantize_row(const uint8_t *q, const uint8_t *s, int
 }
 
 NB_AVX2 void nbq_avx2_fp8_fake_row(const float *x, int64_t n, const nb_qrow_args *a, float *y) {
-    const __m256 sc = f32(a->scale);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(e4m3_dec(e4m3_enc(fp8_scaled(x + i, sc, a->div_dtype))), sc));
+    int64_t i = fp8_row(x, n, a, NULL, y);
     if (i < n) nb_fp8_fake_row_ref(x + i, n - i, a, y + i);
 }
 

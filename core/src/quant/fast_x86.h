@@ -314,13 +314,15 @@ enum { NBQ_MX_CHUNK = 128 };   /* blocks per pass-1 chunk (4096 elements) */
 /* ---- FP8 ------------------------------------------------------------------------------------------- */
 
 /* bf16(v) back in f32: (u + 0x7FFF + lsb) >> 16, NaN -> 0x7FC0 (nb_f32_to_bf16). */
-NB_AVX2 static inline __m256 round_bf16(__m256 v) {
+NB_AVX2 static inline __m256 round_bf16_(__m256 v, const int nan_ok) {
     __m256i u = _mm256_castps_si256(v);
     __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(i32(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), i32(1))));
     r = _mm256_and_si256(r, i32((int)0xFFFF0000u));
-    r = _mm256_blendv_epi8(r, i32(0x7FC00000), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    if (nan_ok) r = _mm256_blendv_epi8(r, i32(0x7FC00000), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
     return _mm256_castsi256_ps(r);
 }
+
+NB_AVX2 static inline __m256 round_bf16(__m256 v) { return round_bf16_(v, 1); }
 
 /* f16(v) back in f32: F16C's RNE conversion (overflow -> inf, subnormals rounded), as nb_f32_to_f16. */
 NB_AVX2 static inline __m256 round_f16(__m256 v) {
