@@ -209,6 +209,26 @@ float nbq_fast_absmax_mt(nb_ctx *ctx, const void *src, nb_dtype dt, int64_t n, i
     return *nonfinite ? 0.0f : m;
 }
 
+typedef struct row_absmax_job {
+    const uint8_t *src;
+    nb_dtype dt;
+    int64_t n, esize;
+    float *out;
+} row_absmax_job;
+
+static void row_absmax_range(void *arg, int64_t b, int64_t e) {
+    row_absmax_job *j = arg;
+    for (int64_t r = b; r < e; r++) {
+        int nonfinite;
+        j->out[r] = nbq_fast_absmax(j->src + r * j->n * j->esize, j->dt, j->n, &nonfinite);
+    }
+}
+
+void nbq_fast_row_absmax_mt(nb_ctx *ctx, const void *src, nb_dtype dt, int64_t rows, int64_t n, float *out) {
+    row_absmax_job j = {src, dt, n, dt == NB_F32 ? 4 : 2, out};
+    nb_parallel_for(ctx, rows, n >= 16384 ? 1 : 16384 / (n ? n : 1), row_absmax_range, &j);
+}
+
 nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *what, const nb_qparams *p,
                                   nb_qparams *out) {
     *out = *p;

@@ -47,6 +47,8 @@ float nbq_fast_absmax(const void *src, nb_dtype dt, int64_t n, int *nonfinite);
 /* The same, split over ctx's threads (ctx may be NULL: one thread). */
 float nbq_fast_absmax_mt(nb_ctx *ctx, const void *src, nb_dtype dt, int64_t n, int *nonfinite);
 
+/* max |x| of each of `rows` rows of n contiguous elements (finite data), split over ctx's threads. */
+void nbq_fast_row_absmax_mt(nb_ctx *ctx, const void *src, nb_dtype dt, int64_t rows, int64_t n, float *out);
 /* nbq_check_finite and the data's per-tensor amax in one threaded pass: *out is *p with amax filled
  * in where p asks for it "from the data" (NVFP4 dynamic, FP8 per tensor), so plan_init skips its pass. */
 nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *what, const nb_qparams *p,
