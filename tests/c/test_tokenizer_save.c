@@ -404,6 +404,41 @@ static void check_export(nb_ctx *ctx) {
     cJSON *stm = read_json(out, "special_tokens_map.json");
     CHECK(stm && !strcmp(cJSON_GetObjectItem(stm, "bos_token")->valuestring, "<s>"));
     cJSON_Delete(stm);
+
+    /* a source directory's files win: its tokenizer.json is copied as is ... */
+    char out2[512], src[512], a[600], b[600];
+    snprintf(out2, sizeof out2, "%s/export2", tmpdir);
+    snprintf(src, sizeof src, "%s", nbt_data("stories260K/hf/tokenizer.json"));
+    *strrchr(src, '/') = 0;
+    nb_export_opts eo;
+    nb_export_opts_init(&eo);
+    eo.source_dir = src;
+    if (qm) CHECK_OK(ctx, nb_qmodel_export(ctx, qm, out2, &eo));
+    snprintf(a, sizeof a, "%s/tokenizer.json", src);
+    snprintf(b, sizeof b, "%s/tokenizer.json", out2);
+    size_t na = 0, nb = 0;
+    char *da = slurp(a, &na), *db = slurp(b, &nb);
+    CHECK(da && db && na == nb && memcmp(da, db, na) == 0);
+    free(da);
+    free(db);
+    /* ... and without one, the GGUF's is written but a tokenizer_config.json it has is kept */
+    snprintf(src, sizeof src, "%s/src", tmpdir);
+    mkdir(src, 0755);
+    snprintf(a, sizeof a, "%s/tokenizer_config.json", src);
+    FILE *f = fopen(a, "wb");
+    if (f) {
+        fputs("{\"add_bos_token\": true, \"bos_token\": \"<s>\", \"marker\": 7}\n", f);
+        fclose(f);
+    }
+    if (qm) CHECK_OK(ctx, nb_qmodel_export(ctx, qm, out2, &eo));
+    cJSON *kept = read_json(out2, "tokenizer_config.json");
+    CHECK(kept && cJSON_GetObjectItem(kept, "marker") && cJSON_GetObjectItem(kept, "marker")->valueint == 7);
+    cJSON_Delete(kept);
+    snprintf(b, sizeof b, "%s/tokenizer.json", out2);
+    struct stat st;
+    CHECK(stat(b, &st) == 0);
+    snprintf(b, sizeof b, "%s/.tokenizer", out2);
+    CHECK(stat(b, &st) != 0);   /* the scratch directory is gone */
     nb_qmodel_free(qm);
     nb_model_free(m);
 }

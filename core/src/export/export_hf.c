@@ -578,13 +578,29 @@ static nb_status write_gguf_tokenizer(nb_ctx *ctx, const char *gguf_path, const 
         return NB_OK;
     }
     if (s) return s;
-    s = nb_tokenizer_save_json(ctx, tok, tmp);
+    /* written aside first: a tokenizer_config.json or special_tokens_map.json the source directory
+     * supplied (with a tokenizer.model) is kept, only the missing files are added */
+    char aside[4096], from[4096];
+    if (join_path(aside, sizeof aside, tmp, ".tokenizer") != 0) {
+        nb_tokenizer_free(tok);
+        return nb_fail(ctx, NB_ERR_INVALID, "path too long");
+    }
+    s = nb_tokenizer_save_json(ctx, tok, aside);
     if (s == NB_ERR_UNSUPPORTED) {
         /* nothing was written: the checks come before the files */
         nb_ctx_clear_error(ctx);
         nb_tokenizer_free(tok);
+        rm_rf(aside);
         return NB_OK;
     }
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", NULL};
+    for (int k = 0; !s && files[k]; k++) {
+        join_path(from, sizeof from, aside, files[k]);
+        join_path(path, sizeof path, tmp, files[k]);
+        if (!file_exists(path) && rename(from, path) != 0)
+            s = nb_fail(ctx, NB_ERR_IO, "cannot rename %s to %s: %s", from, path, strerror(errno));
+    }
+    rm_rf(aside);
     join_path(path, sizeof path, tmp, "generation_config.json");
     if (!s && !file_exists(path)) {
         cJSON *g = cJSON_CreateObject();

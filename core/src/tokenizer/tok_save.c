@@ -144,7 +144,10 @@ static int utf8_step(unsigned char c) {
 
 /* SentencePiece by scores: every split of a mergeable piece into two mergeable pieces is a merge,
  * ranked by the piece's score. Merging by these ranks picks, at each step, the pair whose result
- * scores best, which is what the score algorithm does. */
+ * scores best, which is what the score algorithm does. transformers' generate_merges takes splits
+ * into any two pieces; control, unknown and byte pieces are left out here because the score
+ * algorithm never merges into or out of them (on Llama's and stories260K's vocabularies no such
+ * split exists, and the lists are identical). */
 static nb_status merges_from_scores(nb_ctx *ctx, const nb_tokenizer *t, save_merge **out, int64_t *n) {
     *out = NULL;
     *n = 0;
