@@ -4,7 +4,8 @@
     NIBBLE_LIB=/tmp/build-x/core/libnibble.so /root/nbvenv/bin/python tests/golden/check_tokenizer_save.py
 
 For each GGUF tokenizer (llama.cpp's gpt-2 / qwen2 / llama-spm vocab GGUFs, stories260K, and
-SmolLM2-135M-Instruct from ~/.cache/nibble when present) nibble (through ctypes) writes the HF
+SmolLM2-135M-Instruct from ~/.cache/nibble when present), and Llama's tokenizer.model (as is and
+with remove_extra_whitespaces switched on) nibble (through ctypes) writes the HF
 files into a temporary directory; then
   - tokenizers.Tokenizer.from_file(tokenizer.json).encode(text) must give nibble's ids (nibble's
     GGUF tokenizer, NB_TOK_PARSE_SPECIAL, as HF always splits on added tokens), with and without
@@ -107,6 +108,17 @@ def main():
     nb = Nibble(LIB)
     cases = [(n, f"{SHARED}/tokenizers/llama.cpp-vocab-tests/ggml-vocab-{n}.gguf") for n in ("gpt-2", "qwen2", "llama-spm")]
     cases.append(("stories260K", f"{SHARED}/stories260K/stories260K.gguf"))
+    # Llama's tokenizer.model, and the same with remove_extra_whitespaces on (one NormalizerSpec byte)
+    model = f"{SHARED}/tokenizers/llama2-32k/tokenizer.model"
+    cases.append(("llama2-32k.model", model))
+    with open(model, "rb") as f:
+        data = f.read()
+    spec = b"identity\x12\x00\x18\x01\x20\x00"
+    assert data.count(spec) == 1
+    ws = tempfile.NamedTemporaryFile(suffix=".model", delete=False)
+    ws.write(data.replace(spec, spec[:-1] + b"\x01"))
+    ws.close()
+    cases.append(("llama2-32k.model ws", ws.name))
     smol = os.path.expanduser("~/.cache/nibble/SmolLM2-135M-Instruct.Q4_1.gguf")
     if os.path.exists(smol):
         cases.append(("SmolLM2-135M-Instruct", smol))
@@ -143,6 +155,9 @@ def main():
                 chat = at.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
                                               add_generation_prompt=True)
                 print(f"{name:22s} {'chat template':34s} {chat!r}")
+        if not gguf.endswith(".gguf"):
+            nb.lib.nb_tokenizer_free(tok)
+            continue
         try:
             gt = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
         except Exception as e:   # noqa: BLE001 (report whatever stops transformers' GGUF loader)
@@ -155,6 +170,7 @@ def main():
             # informational: transformers' GGUF loader is not the reference (see the docstring)
             print(f"{name:22s} {'AutoTokenizer(gguf_file=)':34s} {eq}/{len(tx)} equal ({n_ids} ids){note}")
         nb.lib.nb_tokenizer_free(tok)
+    os.unlink(ws.name)
     print("all equal" if bad == 0 else f"{bad} checks differ")
     sys.exit(1 if bad else 0)
 
