@@ -438,6 +438,101 @@ function Q.table_text(rows)
   return table.concat(out, "\n")
 end
 
+-- ---- distillation text sampled from the teacher ------------------------------------------------------
+
+-- sample_batch(model, prompt_ids, B, n_new, opts): B continuations of one prompt (a table of ids), decoded
+-- together with one KV cache. opts: temperature (1), top_p (1), top_k (0), seed (0; row b uses seed + b),
+-- stop (the ids that end a row; default the model's EOS ids). Returns B tables of new ids (stop id included).
+function Q.sample_batch(model, prompt, B, n_new, opts)
+  opts = opts or {}
+  local p, c = model_ptr(model), ctx()
+  local cfg = C.nb_model_get_config(p)
+  local V, T0 = tonumber(cfg.vocab_size), #prompt
+  local kc = ffi.new("nb_kv_cache *[1]")
+  check(C.nb_kv_cache_new(c, p, B, T0 + n_new, kc))
+  local cache = ffi.gc(kc[0], C.nb_kv_cache_free)
+  local toks = ffi.new("int32_t[?]", B * T0)
+  for b = 0, B - 1 do
+    for t = 1, T0 do toks[b * T0 + t - 1] = prompt[t] end
+  end
+  local lg = ffi.new("float[?]", B * V)
+  local fo = ffi.new("nb_forward_opts")
+  fo.logits, fo.cache, fo.logits_start = lg, cache, T0 - 1
+  check(C.nb_model_forward(c, p, toks, B, T0, fo))
+  fo.logits_start = 0
+  local so = ffi.new("nb_sample_opts")
+  so.greedy = 0
+  so.temperature = opts.temperature or 1.0
+  so.top_p = opts.top_p or 1.0
+  so.top_k = opts.top_k or 0
+  local stop = {}
+  if opts.stop then for _, e in ipairs(opts.stop) do stop[e] = true end
+  else for i = 0, cfg.n_eos - 1 do stop[cfg.eos_token_ids[i]] = true end end
+  local rngs, outs, done, left = {}, {}, {}, B
+  for b = 1, B do
+    rngs[b] = ffi.new("nb_rng")
+    C.nb_rng_seed(rngs[b], (opts.seed or 0) + b)
+    outs[b] = {}
+  end
+  local nxt = ffi.new("int32_t[?]", B)
+  for step = 1, n_new do
+    for b = 1, B do
+      local t = C.nb_sample_logits(lg + (b - 1) * V, V, so, rngs[b])
+      nxt[b - 1] = t
+      if not done[b] then
+        outs[b][#outs[b] + 1] = t
+        if stop[t] then done[b] = true; left = left - 1 end
+      end
+    end
+    if left == 0 or step == n_new then break end
+    check(C.nb_model_forward(c, p, nxt, B, 1, fo))
+  end
+  return outs
+end
+
+-- teacher_samples{model, tokenizer, prompts, samples = 8, tokens = 128, temperature = 1, top_p = 0.95,
+-- seed = 0, out = FILE.jsonl, progress = function(done, total)}: for every prompt, `samples` answers of
+-- the model to it as a user turn (ChatML when the tokenizer has <|im_start|>, else "User: ...\nAssistant:"),
+-- written as {"messages": [{user}, {assistant}]} lines to out (atomically). QAD distils well on its own
+-- teacher's text, so this needs no dataset. Returns out and the number of generated tokens.
+function Q.teacher_samples(o)
+  local tok = o.tokenizer or o.model:tokenizer()
+  local chatml = pcall(function()
+    local a, b = tok:encode("<|im_start|>", { special = true, bos = false }), tok:encode("<|im_end|>", { special = true, bos = false })
+    assert(#a == 1 and #b == 1)
+  end)
+  local n_samples, n_tok = o.samples or 8, o.tokens or 128
+  local lines, generated = {}, 0
+  local stop
+  if chatml then stop = tok:encode("<|im_end|>", { special = true, bos = false }) end
+  for i, prompt in ipairs(o.prompts) do
+    local text = chatml and ("<|im_start|>user\n" .. prompt .. "<|im_end|>\n<|im_start|>assistant\n")
+                 or ("User: " .. prompt .. "\nAssistant:")
+    local ids = tok:encode(text, { special = true })
+    local outs = Q.sample_batch(o.model, ids, n_samples, n_tok, { temperature = o.temperature or 1.0,
+      top_p = o.top_p or 0.95, seed = (o.seed or 0) * 1000003 + i * 1009, stop = stop })
+    for _, out in ipairs(outs) do
+      generated = generated + #out
+      local body = {}
+      for k = 1, #out do
+        if not (stop and out[k] == stop[1]) then body[#body + 1] = out[k] end
+      end
+      local answer = tok:decode(body, { skip_special = true })
+      lines[#lines + 1] = nibble.json.encode { messages = { { role = "user", content = prompt },
+                                                            { role = "assistant", content = answer } } }
+    end
+    if o.progress then o.progress(i, #o.prompts, generated) end
+  end
+  local tmp = o.out .. ".part"
+  local f = io.open(tmp, "wb")
+  if not f then fail("qad.teacher_samples: cannot write " .. tostring(tmp)) end
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+  local ok, e = os.rename(tmp, o.out)
+  if not ok then fail("qad.teacher_samples: " .. tostring(e)) end
+  return o.out, generated
+end
+
 -- ---- the recipe pipeline --------------------------------------------------------------------------------
 
 local function logger(quiet)
@@ -491,6 +586,51 @@ function Q.loader(d, tok, seed)
                            batch = tonumber(d.batch) or loader_defaults.batch,
                            seed = tonumber(d.seed or seed or 0), random_offset = true, shuffle = true,
                            drop_last = true })
+end
+
+-- train(run, o): the training loop of a run until its last step: o.record(t) gets every metrics table
+-- (and eval rows), a progress line on stderr unless o.quiet (o.tty forces its style), a checkpoint every
+-- o.checkpoint_every steps in o.checkpoint_dir, o.eval() (-> {ppl, kld, top1}) every o.eval_every steps.
+-- Ctrl-C (an "interrupted" error) saves a checkpoint of the last completed step, says how to resume and
+-- raises "interrupted" again (o.on_error runs first on any error). Returns {metrics = {...}, seconds}.
+function Q.train(run, o)
+  o = o or {}
+  local record = o.record or function() end
+  local every_ck, every_eval = o.checkpoint_every or 0, o.eval_every or 0
+  local ckdir = o.checkpoint_dir
+  if every_ck > 0 and not ckdir then fail("qad.train: checkpoint_every needs checkpoint_dir") end
+  local progress = o.quiet and function() end or Q.progress(run.steps, { tty = o.tty })
+  local t_train = now()
+  local history = {}
+  local ok, err = pcall(function()
+    while not run:done() do
+      local m = run:step()
+      m.elapsed = now() - t_train
+      history[#history + 1] = m
+      record(m)
+      progress(m)
+      if every_ck > 0 and m.step % every_ck == 0 and not run:done() then run:save(ckdir) end
+      if o.eval and every_eval > 0 and m.step % every_eval == 0 and not run:done() then
+        local e = o.eval()
+        record { step = m.step, eval_ppl = e.ppl, eval_kld = e.kld, eval_top1 = e.top1 }
+        if not o.quiet then
+          io.stderr:write(("\neval at step %d: PPL %.4f, KLD %.5f, top-1 %.2f%%\n"):format(m.step, e.ppl, e.kld, e.top1))
+        end
+      end
+    end
+  end)
+  if not ok then
+    if o.on_error then o.on_error(err) end
+    if is_interrupt(err) and ckdir then
+      C.nb_ctx_clear_interrupt(ctx())
+      run:save(ckdir)
+      io.stderr:write(("\nqad: interrupted; checkpoint of step %d saved in %s (run again with resume=true)\n"):format(
+        run:step_count(), ckdir))
+      error("interrupted", 0)
+    end
+    error(err, 0)
+  end
+  return { metrics = history, seconds = now() - t_train }
 end
 
 -- run(recipe [, args [, opts]]): PTQ, then QAD, then export and the eval table. opts: quiet, dry_run
@@ -588,40 +728,11 @@ function Q.run(r, args, opts)
     end
   end
 
-  local progress = opts.quiet and function() end or Q.progress(tonumber(cfg.steps), { tty = opts.tty })
-  local t_train = now()
-  local history = {}
-  result.metrics = history
-  local ok, err = pcall(function()
-    while not run:done() do
-      local m = run:step()
-      m.elapsed = now() - t_train
-      history[#history + 1] = m
-      record(m)
-      progress(m)
-      if every_ck > 0 and m.step % every_ck == 0 and not run:done() then run:save(ckdir) end
-      if eval_tokens and every_eval > 0 and m.step % every_eval == 0 and not run:done() then
-        local e = Q.evaluate(student, eval_tokens, teacher, eopts)
-        record { step = m.step, eval_ppl = e.ppl, eval_kld = e.kld, eval_top1 = e.top1 }
-        if not opts.quiet then
-          io.stderr:write(("\neval at step %d: PPL %.4f, KLD %.5f, top-1 %.2f%%\n"):format(m.step, e.ppl, e.kld, e.top1))
-        end
-      end
-    end
-  end)
-  if not ok then
-    if is_interrupt(err) and ckdir then
-      C.nb_ctx_clear_interrupt(ctx())
-      run:save(ckdir)
-      if mfile then mfile:close() end
-      io.stderr:write(("\nqad: interrupted; checkpoint of step %d saved in %s (run again with resume=true)\n"):format(
-        run:step_count(), ckdir))
-      error("interrupted", 0)
-    end
-    if mfile then mfile:close() end
-    error(err, 0)
-  end
-  result.train_seconds = now() - t_train
+  local trained = Q.train(run, { record = record, checkpoint_every = every_ck, checkpoint_dir = ckdir,
+                                  eval_every = every_eval, quiet = opts.quiet, tty = opts.tty,
+                                  eval = eval_tokens and function() return Q.evaluate(student, eval_tokens, teacher, eopts) end,
+                                  on_error = function() if mfile then mfile:close() end end })
+  result.metrics, result.train_seconds = trained.metrics, trained.seconds
 
   if eval_tokens then
     evals.qad = Q.evaluate(student, eval_tokens, teacher, eopts)
@@ -646,7 +757,7 @@ function Q.run(r, args, opts)
 end
 
 -- Loops that end in C calls which may run Lua hooks must not be compiled.
-for _, f in ipairs({ Q.run, Run.step, Run.micro_step, Student.forward, Loss.backward }) do
+for _, f in ipairs({ Q.run, Q.train, Q.sample_batch, Q.teacher_samples, Run.step, Run.micro_step, Student.forward, Loss.backward }) do
   if jit and jit.off then jit.off(f, true) end
 end
 

