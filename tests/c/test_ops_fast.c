@@ -196,6 +196,10 @@ int main(void) {
         test_attention(ctx, 1, 130, 130, 130, 2, 2, 16, 0, 40);  /* sliding window */
         test_attention(ctx, 2, 3, 70, 90, 4, 2, 8, 67, 0);        /* decode against a cache */
         test_attention(ctx, 1, 1, 1, 4, 1, 1, 4, 0, 0);           /* one token */
+        test_attention(ctx, 2, 100, 100, 100, 4, 2, 64, 0, 0);    /* head_dim 64: the sgemm path */
+        test_attention(ctx, 1, 90, 90, 90, 2, 1, 48, 0, 30);      /* sgemm path, sliding window */
+        test_attention(ctx, 1, 2, 75, 80, 2, 2, 64, 73, 0);       /* sgemm path, cache */
+        test_attention(ctx, 1, 70, 70, 70, 2, 2, 32, 0, 0);       /* the largest row-kernel head_dim */
         test_swiglu(ctx, 1000);
         test_linear(ctx, 7, 33, 19);
         test_linear(ctx, 130, 64, 172);

@@ -253,7 +253,10 @@ nb_status nb_op_rope_bwd(nb_ctx *ctx, float *dx, int64_t n, int64_t T, int64_t n
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-enum { ATT_BQ = 64 };   /* query rows per block: bounds the score scratch to ATT_BQ x Tk */
+enum { ATT_BQ = 64 };        /* query rows per block: bounds the score scratch to ATT_BQ x Tk */
+enum { ATT_SMALL_HD = 16 };  /* head dims up to this use register-blocked row kernels instead of sgemm,
+                                whose small-matrix paths are slow when K or N is this small
+                                (stories260K has head_dim 8) */
 
 /* Work is split into `nt` static slices with an interleaved schedule (slice t takes units t, t+nt,
  * ...), so each thread gets a fair share of the causal triangle and owns one scratch area that is
@@ -301,6 +304,31 @@ static void att_fwd_unit(att_job *j, int64_t u, float *S) {
         for (int64_t r = 0; r < m; r++) memset(O + r * qs, 0, sizeof(float) * (size_t)hd);
         if (j->lse)
             for (int64_t r = 0; r < m; r++) j->lse[(b * a->H + h) * a->Tq + i0 + r] = -INFINITY;
+        return;
+    }
+    if (hd <= ATT_SMALL_HD) {
+        /* register-blocked row kernels (K transposed once per block); the 1/sum of each row is
+         * applied to its hd outputs instead of its nk probabilities */
+        float *Kt = S + (size_t)m * nk, *inv = Kt + (size_t)hd * nk;
+        for (int64_t c = 0; c < nk; c++)
+            for (int64_t d = 0; d < hd; d++) Kt[d * nk + c] = K[c * ks + d];
+        nb_simd.rows_qk(Q, qs, m, Kt, nk, nk, hd, a->scale, S, nk);
+        for (int64_t r = 0; r < m; r++) {
+            float *s = S + r * nk;
+            int64_t lo, hi;
+            att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
+            lo -= jlo;
+            hi -= jlo;
+            float mx = nb_simd.max(s + lo, hi - lo);
+            float sum = nb_simd.exp_sub_sum(s + lo, hi - lo, mx);
+            for (int64_t c = 0; c < lo; c++) s[c] = 0.0f;
+            for (int64_t c = hi; c < nk; c++) s[c] = 0.0f;
+            inv[r] = 1.0f / sum;
+            if (j->lse) j->lse[(b * a->H + h) * a->Tq + i0 + r] = mx + logf(sum);
+        }
+        nb_simd.rows_pv(S, nk, m, nk, V, ks, hd, O, qs);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t d = 0; d < hd; d++) O[r * qs + d] *= inv[r];
         return;
     }
     gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, S, nk);
@@ -356,13 +384,44 @@ nb_status nb_op_attention_fwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
     j.nunits = a->B * a->H * j.nqb;
     j.nt = nb_ctx_threads(ctx) < j.nunits ? nb_ctx_threads(ctx) : j.nunits;
     if (j.nt < 1) return NB_OK;
-    j.scratch_per = al16z((size_t)ATT_BQ * (size_t)(a->Tk > 0 ? a->Tk : 1));
+    size_t tk = (size_t)(a->Tk > 0 ? a->Tk : 1);
+    j.scratch_per = al16z((size_t)ATT_BQ * tk) + (a->hd <= ATT_SMALL_HD ? al16z((size_t)a->hd * tk) + ATT_BQ : 0);
     j.scratch = malloc(sizeof(float) * j.scratch_per * (size_t)j.nt);
     if (!j.scratch) return nb_fail(ctx, NB_ERR_NOMEM, "attention: out of memory for the score scratch");
     nb_blas_threads(1);
     nb_parallel_for(ctx, j.nt, 1, att_fwd_range, &j);
     free(j.scratch);
     return NB_OK;
+}
+
+/* The backward of one query block for small head dims with the register-blocked row kernels:
+ * P and dS over the visible keys (zero elsewhere), dQ = dS K, dK += dS^T Q, dV += P^T dO.
+ * Scratch: 2 m*nk + 2 hd*nk floats. */
+static void att_bwd_small(const nb_attn_dims *a, int64_t m, int64_t nk, int64_t jlo, int64_t i0, const float *Q,
+                          const float *O, const float *dO, float *dQ, const float *K, const float *V, const float *lse,
+                          float *dK, float *dV, float *scratch) {
+    int64_t hd = a->hd, qs = a->H * hd, ks = a->KVH * hd;
+    float *P = scratch, *dS = P + m * nk, *Kt = dS + m * nk, *Vt = Kt + hd * nk;
+    for (int64_t c = 0; c < nk; c++)
+        for (int64_t d = 0; d < hd; d++) {
+            Kt[d * nk + c] = K[c * ks + d];
+            Vt[d * nk + c] = V[c * ks + d];
+        }
+    nb_simd.rows_qk(Q, qs, m, Kt, nk, nk, hd, a->scale, P, nk);
+    nb_simd.rows_qk(dO, qs, m, Vt, nk, nk, hd, 1.0f, dS, nk);
+    for (int64_t r = 0; r < m; r++) {
+        int64_t lo, hi;
+        att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
+        lo -= jlo;
+        hi -= jlo;
+        float *p = P + r * nk, *ds = dS + r * nk;
+        for (int64_t c = 0; c < lo; c++) p[c] = ds[c] = 0.0f;
+        for (int64_t c = hi; c < nk; c++) p[c] = ds[c] = 0.0f;
+        nb_simd.attn_dsoft(p + lo, ds + lo, hi - lo, lse[r], nb_simd.dot(dO + r * qs, O + r * qs, hd), a->scale);
+    }
+    nb_simd.rows_pv(dS, nk, m, nk, K, ks, hd, dQ, qs);
+    nb_simd.rows_tn(dS, nk, m, nk, Q, qs, hd, dK);
+    nb_simd.rows_tn(P, nk, m, nk, dO, qs, hd, dV);
 }
 
 /* One unit is one (batch, query head): it writes dq of that head and accumulates the head's own
@@ -393,6 +452,10 @@ static void att_bwd_unit(att_job *j, int64_t u, float *P) {
         const float *K = j->k + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
         const float *V = j->v + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
         const float *lse = j->lse_in + (b * a->H + h) * a->Tq + i0;
+        if (hd <= ATT_SMALL_HD) {
+            att_bwd_small(a, m, nk, jlo, i0, Q, O, dO, dQ, K, V, lse, dKh + jlo * hd, dVh + jlo * hd, P);
+            continue;
+        }
         gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, P, nk);
         gemm1(0, 1, m, nk, hd, 1.0f, dO, qs, V, ks, 0.0f, dP, nk);
         for (int64_t r = 0; r < m; r++) Dr[r] = nb_simd.dot(dO + r * qs, O + r * qs, hd);
@@ -464,7 +527,7 @@ nb_status nb_op_attention_bwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
     j.nt = nb_ctx_threads(ctx) < j.nunits ? nb_ctx_threads(ctx) : j.nunits;
     if (j.nt < 1) return NB_OK;
     size_t sz = al16z((size_t)ATT_BQ * (size_t)(a->Tk > 0 ? a->Tk : 1));
-    j.scratch_per = 2 * sz + ATT_BQ;
+    j.scratch_per = 2 * sz + (a->hd <= ATT_SMALL_HD ? 2 * al16z((size_t)(a->hd * (a->Tk > 0 ? a->Tk : 1))) : ATT_BQ);
     size_t n = (size_t)(a->B * a->H * a->Tk * a->hd);
     j.scratch = malloc(sizeof(float) * j.scratch_per * (size_t)j.nt);
     j.dkh = malloc(sizeof(float) * (n ? n : 1));

@@ -85,6 +85,44 @@ static void sc_attn_dsoft(float *p, float *dp, int64_t n, float lse, float D, fl
     }
 }
 
+/* S[r][c] = scale sum_d Q[r][d] Kt[d][c] (r < m, c < n) */
+static void sc_rows_qk(const float *Q, int64_t ldq, int64_t m, const float *Kt, int64_t ldk, int64_t n, int64_t hd,
+                       float scale, float *S, int64_t lds) {
+    for (int64_t r = 0; r < m; r++) {
+        float *s = S + r * lds;
+        for (int64_t c = 0; c < n; c++) s[c] = 0.0f;
+        for (int64_t d = 0; d < hd; d++) {
+            float qd = Q[r * ldq + d] * scale;
+            const float *k = Kt + d * ldk;
+            for (int64_t c = 0; c < n; c++) s[c] += qd * k[c];
+        }
+    }
+}
+/* O[r][:hd] = sum_c P[r][c] V[c][:hd] (r < m, c < n) */
+static void sc_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
+                       float *O, int64_t ldo) {
+    for (int64_t r = 0; r < m; r++) {
+        float *o = O + r * ldo;
+        for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
+        for (int64_t c = 0; c < n; c++) {
+            float pc = P[r * ldp + c];
+            const float *vc = V + c * ldv;
+            for (int64_t d = 0; d < hd; d++) o[d] += pc * vc[d];
+        }
+    }
+}
+/* C[c][:hd] += sum_r A[r][c] B[r][:hd] (c < n, r < m); C rows are hd apart */
+static void sc_rows_tn(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t hd,
+                       float *C) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < n; c++) {
+            float a = A[r * lda + c];
+            const float *b = B + r * ldb;
+            float *cc = C + c * hd;
+            for (int64_t d = 0; d < hd; d++) cc[d] += a * b[d];
+        }
+}
+
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 
 #ifdef NB_HAVE_AVX2_PATH
@@ -214,6 +252,115 @@ static AVX2 void av_swiglu_bwd(const float *g, const float *u, const float *da, 
     sc_swiglu_bwd(g + i, u + i, da + i, dg + i, du + i, n - i);
 }
 
+/* The three small-head-dim attention products, register-blocked over 4 rows (or keys) so that
+ * every vector load feeds 4 FMAs; HV = hd / 8 vectors per row is a constant in each instance. */
+static inline __attribute__((always_inline)) AVX2 void av_rows_pv_hv(const float *P, int64_t ldp, int64_t m, int64_t n,
+                                                                      const float *V, int64_t ldv, float *O, int64_t ldo,
+                                                                      const int HV) {
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) {
+        __m256 acc[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int h = 0; h < HV; h++) acc[i][h] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < n; c++) {
+            __m256 v[4];
+            for (int h = 0; h < HV; h++) v[h] = _mm256_loadu_ps(V + c * ldv + 8 * h);
+            for (int i = 0; i < 4; i++) {
+                __m256 pb = _mm256_broadcast_ss(P + (r + i) * ldp + c);
+                for (int h = 0; h < HV; h++) acc[i][h] = _mm256_fmadd_ps(pb, v[h], acc[i][h]);
+            }
+        }
+        for (int i = 0; i < 4; i++)
+            for (int h = 0; h < HV; h++) _mm256_storeu_ps(O + (r + i) * ldo + 8 * h, acc[i][h]);
+    }
+    for (; r < m; r++) {
+        __m256 acc[4];
+        for (int h = 0; h < HV; h++) acc[h] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < n; c++) {
+            __m256 pb = _mm256_broadcast_ss(P + r * ldp + c);
+            for (int h = 0; h < HV; h++) acc[h] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(V + c * ldv + 8 * h), acc[h]);
+        }
+        for (int h = 0; h < HV; h++) _mm256_storeu_ps(O + r * ldo + 8 * h, acc[h]);
+    }
+}
+
+static AVX2 void av_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
+                            float *O, int64_t ldo) {
+    switch (hd) {
+    case 8: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 1); return;
+    case 16: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 2); return;
+    case 24: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 3); return;
+    case 32: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 4); return;
+    default: sc_rows_pv(P, ldp, m, n, V, ldv, hd, O, ldo);
+    }
+}
+
+static inline __attribute__((always_inline)) AVX2 void av_rows_tn_hv(const float *A, int64_t lda, int64_t m, int64_t n,
+                                                                      const float *B, int64_t ldb, float *C, const int HV) {
+    const int64_t hd = 8 * HV;
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        __m256 acc[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int h = 0; h < HV; h++) acc[i][h] = _mm256_loadu_ps(C + (c + i) * hd + 8 * h);
+        for (int64_t r = 0; r < m; r++) {
+            __m256 b[4];
+            for (int h = 0; h < HV; h++) b[h] = _mm256_loadu_ps(B + r * ldb + 8 * h);
+            for (int i = 0; i < 4; i++) {
+                __m256 ab = _mm256_broadcast_ss(A + r * lda + c + i);
+                for (int h = 0; h < HV; h++) acc[i][h] = _mm256_fmadd_ps(ab, b[h], acc[i][h]);
+            }
+        }
+        for (int i = 0; i < 4; i++)
+            for (int h = 0; h < HV; h++) _mm256_storeu_ps(C + (c + i) * hd + 8 * h, acc[i][h]);
+    }
+    for (; c < n; c++) {
+        __m256 acc[4];
+        for (int h = 0; h < HV; h++) acc[h] = _mm256_loadu_ps(C + c * hd + 8 * h);
+        for (int64_t r = 0; r < m; r++) {
+            __m256 ab = _mm256_broadcast_ss(A + r * lda + c);
+            for (int h = 0; h < HV; h++) acc[h] = _mm256_fmadd_ps(ab, _mm256_loadu_ps(B + r * ldb + 8 * h), acc[h]);
+        }
+        for (int h = 0; h < HV; h++) _mm256_storeu_ps(C + c * hd + 8 * h, acc[h]);
+    }
+}
+
+static AVX2 void av_rows_tn(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t hd,
+                            float *C) {
+    switch (hd) {
+    case 8: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 1); return;
+    case 16: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 2); return;
+    case 24: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 3); return;
+    case 32: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 4); return;
+    default: sc_rows_tn(A, lda, m, n, B, ldb, hd, C);
+    }
+}
+
+static AVX2 void av_rows_qk(const float *Q, int64_t ldq, int64_t m, const float *Kt, int64_t ldk, int64_t n, int64_t hd,
+                            float scale, float *S, int64_t lds) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) {
+        int64_t c = 0;
+        for (; c + 8 <= n; c += 8) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+            for (int64_t d = 0; d < hd; d++) {
+                __m256 k = _mm256_loadu_ps(Kt + d * ldk + c);
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(Q + r * ldq + d), k, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(Q + (r + 1) * ldq + d), k, a1);
+                a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(Q + (r + 2) * ldq + d), k, a2);
+                a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(Q + (r + 3) * ldq + d), k, a3);
+            }
+            _mm256_storeu_ps(S + r * lds + c, _mm256_mul_ps(a0, vs));
+            _mm256_storeu_ps(S + (r + 1) * lds + c, _mm256_mul_ps(a1, vs));
+            _mm256_storeu_ps(S + (r + 2) * lds + c, _mm256_mul_ps(a2, vs));
+            _mm256_storeu_ps(S + (r + 3) * lds + c, _mm256_mul_ps(a3, vs));
+        }
+        if (c < n) sc_rows_qk(Q + r * ldq, ldq, 4, Kt + c, ldk, n - c, hd, scale, S + r * lds + c, lds);
+    }
+    if (r < m) sc_rows_qk(Q + r * ldq, ldq, m - r, Kt, ldk, n, hd, scale, S + r * lds, lds);
+}
+
 static AVX2 void av_attn_dsoft(float *p, float *dp, int64_t n, float lse, float D, float scale) {
     __m256 vl = _mm256_set1_ps(lse), vD = _mm256_set1_ps(D), vsc = _mm256_set1_ps(scale);
     int64_t i = 0;
@@ -231,10 +378,10 @@ static AVX2 void av_attn_dsoft(float *p, float *dp, int64_t n, float lse, float 
 nb_simd_table nb_simd;   /* process-wide, filled once from the CPU's features (no per-context state) */
 
 static const nb_simd_table k_scalar = {"scalar", sc_max, sc_exp_sub_sum, sc_exp_sum, sc_exp_scale, sc_dot, sc_dot3,
-                                       sc_swiglu, sc_swiglu_bwd, sc_attn_dsoft};
+                                       sc_swiglu, sc_swiglu_bwd, sc_attn_dsoft, sc_rows_qk, sc_rows_pv, sc_rows_tn};
 #ifdef NB_HAVE_AVX2_PATH
 static const nb_simd_table k_avx2 = {"avx2", av_max, av_exp_sub_sum, av_exp_sum, av_exp_scale, av_dot, av_dot3,
-                                     av_swiglu, av_swiglu_bwd, av_attn_dsoft};
+                                     av_swiglu, av_swiglu_bwd, av_attn_dsoft, av_rows_qk, av_rows_pv, av_rows_tn};
 #endif
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
