@@ -112,6 +112,9 @@ nb_status nbq_contiguous(nb_ctx *ctx, const nb_tensor *x, nb_tensor **out) {
 }
 
 nb_status nbq_check_finite(nb_ctx *ctx, const nb_tensor *x, const char *what) {
+    int nonfinite = 0;
+    nbq_fast_absmax_mt(ctx, nb_tensor_data(x), x->dtype, nb_tensor_numel(x), &nonfinite);   /* threaded pass */
+    if (!nonfinite) return NB_OK;
     int64_t i = nbq_find_nonfinite(nb_tensor_data(x), x->dtype, nb_tensor_numel(x));
     if (i < 0) return NB_OK;
     double v = nb_load_elem(nb_tensor_data(x), x->dtype, i);
@@ -215,10 +218,7 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
             if ((s = check_amax_tensor(ctx, p->channel_amax, plan->rows, "amax", what))) { nbq_plan_free(plan); return s; }
             memcpy(plan->row_amax, nb_tensor_data(p->channel_amax), (size_t)plan->rows * sizeof(float));
         } else {
-            for (int64_t r = 0; r < plan->rows; r++) {
-                const uint8_t *base = (const uint8_t *)nb_tensor_data(x) + r * plan->n * nb_dtype_nbytes(x->dtype, 1);
-                plan->row_amax[r] = nbq_absmax(NULL, base, x->dtype, plan->n);
-            }
+            nbq_fast_row_absmax_mt(ctx, nb_tensor_data(x), x->dtype, plan->rows, plan->n, plan->row_amax);   /* threaded */
         }
         for (int64_t r = 0; r < plan->rows; r++) {
             if (plan->row_amax[r] == 0.0f) {
@@ -441,8 +441,9 @@ nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_q
     if ((s = nbq_contiguous(ctx, x, &xc))) return s;
     nbq_plan plan;
     nb_qtensor *q = NULL;
-    if ((s = nbq_check_finite(ctx, xc, what))) goto done;
-    if ((s = nbq_plan_init(ctx, &plan, xc, p))) goto done;
+    nb_qparams pa;   /* p, with the data's amax from the NaN/Inf pass (one pass instead of two) */
+    if ((s = nbq_check_finite_params(ctx, xc, what, p, &pa))) goto done;
+    if ((s = nbq_plan_init(ctx, &plan, xc, &pa))) goto done;
     if ((s = nb_qtensor_new(ctx, p->format, x->ndim, x->shape, &q))) goto done_plan;
     if (q->scale2) *(float *)nb_tensor_data(q->scale2) = plan.base.scale;
     if (p->format == NB_FMT_FP8_TENSOR) *(float *)nb_tensor_data(q->scale) = plan.base.scale;
@@ -498,8 +499,9 @@ nb_status nb_fake_quant(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb
     nb_tensor *xc = NULL;
     if ((s = nbq_contiguous(ctx, x, &xc))) return s;
     nbq_plan plan;
-    if ((s = nbq_check_finite(ctx, xc, what))) goto done;
-    if ((s = nbq_plan_init(ctx, &plan, xc, p))) goto done;
+    nb_qparams pa;   /* p, with the data's amax from the NaN/Inf pass (one pass instead of two) */
+    if ((s = nbq_check_finite_params(ctx, xc, what, p, &pa))) goto done;
+    if ((s = nbq_plan_init(ctx, &plan, xc, &pa))) goto done;
     s = nbq_fake_plan(ctx, &plan, xc, out);
     nbq_plan_free(&plan);
 done:
