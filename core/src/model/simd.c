@@ -254,23 +254,25 @@ static AVX2 void av_swiglu_bwd(const float *g, const float *u, const float *da, 
 
 /* The three small-head-dim attention products, register-blocked over 4 rows (or keys) so that
  * every vector load feeds 4 FMAs; HV = hd / 8 vectors per row is a constant in each instance. */
+/* HV = hd / 8 vectors per row, RB rows (or keys) per register block: RB * HV accumulators, chosen
+ * so that they and the loads fit the 16 ymm registers and enough FMA chains are in flight. */
 static inline __attribute__((always_inline)) AVX2 void av_rows_pv_hv(const float *P, int64_t ldp, int64_t m, int64_t n,
                                                                       const float *V, int64_t ldv, float *O, int64_t ldo,
-                                                                      const int HV) {
+                                                                      const int HV, const int RB) {
     int64_t r = 0;
-    for (; r + 4 <= m; r += 4) {
-        __m256 acc[4][4];
-        for (int i = 0; i < 4; i++)
+    for (; r + RB <= m; r += RB) {
+        __m256 acc[8][4];
+        for (int i = 0; i < RB; i++)
             for (int h = 0; h < HV; h++) acc[i][h] = _mm256_setzero_ps();
         for (int64_t c = 0; c < n; c++) {
             __m256 v[4];
             for (int h = 0; h < HV; h++) v[h] = _mm256_loadu_ps(V + c * ldv + 8 * h);
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < RB; i++) {
                 __m256 pb = _mm256_broadcast_ss(P + (r + i) * ldp + c);
                 for (int h = 0; h < HV; h++) acc[i][h] = _mm256_fmadd_ps(pb, v[h], acc[i][h]);
             }
         }
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < RB; i++)
             for (int h = 0; h < HV; h++) _mm256_storeu_ps(O + (r + i) * ldo + 8 * h, acc[i][h]);
     }
     for (; r < m; r++) {
@@ -287,31 +289,32 @@ static inline __attribute__((always_inline)) AVX2 void av_rows_pv_hv(const float
 static AVX2 void av_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
                             float *O, int64_t ldo) {
     switch (hd) {
-    case 8: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 1); return;
-    case 16: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 2); return;
-    case 24: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 3); return;
-    case 32: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 4); return;
+    case 8: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 1, 8); return;
+    case 16: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 2, 4); return;
+    case 24: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 3, 4); return;
+    case 32: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 4, 2); return;
     default: sc_rows_pv(P, ldp, m, n, V, ldv, hd, O, ldo);
     }
 }
 
 static inline __attribute__((always_inline)) AVX2 void av_rows_tn_hv(const float *A, int64_t lda, int64_t m, int64_t n,
-                                                                      const float *B, int64_t ldb, float *C, const int HV) {
+                                                                      const float *B, int64_t ldb, float *C, const int HV,
+                                                                      const int RB) {
     const int64_t hd = 8 * HV;
     int64_t c = 0;
-    for (; c + 4 <= n; c += 4) {
-        __m256 acc[4][4];
-        for (int i = 0; i < 4; i++)
+    for (; c + RB <= n; c += RB) {
+        __m256 acc[8][4];
+        for (int i = 0; i < RB; i++)
             for (int h = 0; h < HV; h++) acc[i][h] = _mm256_loadu_ps(C + (c + i) * hd + 8 * h);
         for (int64_t r = 0; r < m; r++) {
             __m256 b[4];
             for (int h = 0; h < HV; h++) b[h] = _mm256_loadu_ps(B + r * ldb + 8 * h);
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < RB; i++) {
                 __m256 ab = _mm256_broadcast_ss(A + r * lda + c + i);
                 for (int h = 0; h < HV; h++) acc[i][h] = _mm256_fmadd_ps(ab, b[h], acc[i][h]);
             }
         }
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < RB; i++)
             for (int h = 0; h < HV; h++) _mm256_storeu_ps(C + (c + i) * hd + 8 * h, acc[i][h]);
     }
     for (; c < n; c++) {
@@ -328,10 +331,10 @@ static inline __attribute__((always_inline)) AVX2 void av_rows_tn_hv(const float
 static AVX2 void av_rows_tn(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t hd,
                             float *C) {
     switch (hd) {
-    case 8: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 1); return;
-    case 16: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 2); return;
-    case 24: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 3); return;
-    case 32: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 4); return;
+    case 8: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 1, 8); return;
+    case 16: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 2, 4); return;
+    case 24: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 3, 4); return;
+    case 32: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 4, 2); return;
     default: sc_rows_tn(A, lda, m, n, B, ldb, hd, C);
     }
 }
