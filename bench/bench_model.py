@@ -39,22 +39,25 @@ def bench(a):
     loss = float("nan")
     with torch.no_grad():
         model(ids)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(a.iters):
             model(ids).logits
         fwd_s = (time.perf_counter() - t0) / a.iters
+        fwd_cpu = (time.process_time() - c0) / a.iters
     out = model(ids, labels=ids)
     out.loss.backward()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(a.iters):
         out = model(ids, labels=ids)
         out.loss.backward()
     train_s = (time.perf_counter() - t0) / a.iters
+    train_cpu = (time.process_time() - c0) / a.iters
     loss = out.loss.item()
     n = a.batch * a.seq
     print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "model": a.model, "batch": a.batch, "seq": a.seq,
                       "threads": torch.get_num_threads(), "attn": a.attn, "fwd_tok_s": round(n / fwd_s, 1),
-                      "train_tok_s": round(n / train_s, 1), "loss": loss}))
+                      "train_tok_s": round(n / train_s, 1), "fwd_tok_cpu_s": round(n / fwd_cpu, 1),
+                      "train_tok_cpu_s": round(n / train_cpu, 1), "loss": loss}))
 
 
 def run_json(cmd):
@@ -72,7 +75,7 @@ def compare(a):
         cases.append(("stories260K", a.stories, 4, 512, 10))
     else:
         print(f"(skipping stories260K: {a.stories} is absent)")
-    cases.append(("llama dim512 L8 V32000 (58M)", big, 4, 256, 3))
+    cases.append(("llama d512 L8 V32000 (58M)", big, 4, 256, 3))
     rows = []
     for name, path, batch, seq, iters in cases:
         common = ["--batch", str(batch), "--seq", str(seq), "--threads", str(a.threads), "--iters", str(iters)]
@@ -82,17 +85,26 @@ def compare(a):
                               ("nibble_recompute", [a.bin, "--model", path, "--recompute", "always"] + common),
                               ("pytorch", [sys.executable, __file__, "run", "--model", path] + common)):
                 j = run_json(cmd)
-                b = best.setdefault(impl, {"fwd": 0.0, "train": 0.0})
-                b["fwd"] = max(b["fwd"], j["fwd_tok_s"])
-                b["train"] = max(b["train"], j["train_tok_s"])
+                b = best.setdefault(impl, {"fwd": 0.0, "train": 0.0, "fwd_cpu": 0.0, "train_cpu": 0.0})
+                for k, key in (("fwd", "fwd_tok_s"), ("train", "train_tok_s"), ("fwd_cpu", "fwd_tok_cpu_s"),
+                               ("train_cpu", "train_tok_cpu_s")):
+                    b[k] = max(b[k], j[key])
         rows.append((name, batch, seq, best))
-    print(f"threads {a.threads}, best of {a.repeat}; tokens/s (higher is better); ratio = nibble / PyTorch")
-    print(f"{'model':32} {'B x T':>9} {'':>6} {'nibble':>10} {'PyTorch':>10} {'ratio':>6}  {'nibble, always recompute':>24}")
+    try:
+        load = "load average %.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        load = ""
+    print(f"threads {a.threads}, best of {a.repeat}; {load}; ratio = nibble / PyTorch")
+    print("tokens/s by wall clock, and tokens per CPU-second (all threads' CPU time: with one thread it")
+    print("estimates the uncontended speed on a shared machine)")
+    print(f"{'model':30} {'B x T':>7} {'':>5} {'nibble':>9} {'PyTorch':>9} {'ratio':>6} {'recompute':>9} {'ratio':>6}"
+          f" | {'CPU-s: nibble':>13} {'PyTorch':>9} {'ratio':>6}")
     for name, batch, seq, best in rows:
         for kind in ("fwd", "train"):
             n, t, nr = best["nibble"][kind], best["pytorch"][kind], best["nibble_recompute"][kind]
-            print(f"{name:32} {f'{batch}x{seq}':>9} {kind:>6} {n:10.1f} {t:10.1f} {n / t:6.2f}  "
-                  f"{nr:10.1f} ({nr / t:.2f}x)")
+            nc, tc = best["nibble"][kind + "_cpu"], best["pytorch"][kind + "_cpu"]
+            print(f"{name:30} {f'{batch}x{seq}':>7} {kind:>5} {n:9.1f} {t:9.1f} {n / t:6.2f} {nr:9.1f} {nr / t:6.2f}"
+                  f" | {nc:13.1f} {tc:9.1f} {nc / tc:6.2f}")
 
 
 def main():
