@@ -205,7 +205,9 @@ typedef struct nb_backward_opts {
 } nb_backward_opts;
 
 /* Accumulates the gradients of every parameter that requires grad, for the last forward that was
- * run with train = 1. *loss_out (may be NULL) receives the sum the loss callback reported. */
+ * run with train = 1 (one backward per such forward; setting a hook in between voids it). Gradients
+ * are allocated (zeroed) on first use. *loss_out (may be NULL) receives the sum the loss callback
+ * reported. */
 nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *opts, double *loss_out);
 
 /* Cross-entropy as an nb_loss_fn: user points at an nb_lm_loss; targets are indexed by selected row. */
