@@ -38,6 +38,8 @@ int main(int argc, char **argv) {
     nb_model *teacher = NULL, *sm = NULL;
     if (nb_model_load(ctx, path, &teacher) || nb_model_load(ctx, path, &sm)) return die(ctx, "load");
     const nb_model_config *c = nb_model_get_config(sm);
+    /* keep every layer's activations (PyTorch's autograd does) when they fit in 4 GiB */
+    nb_model_set_activation_budget(sm, (int64_t)4 << 30);
 
     /* NVFP4 W4A16 on every linear whose width 16 divides, lm_head excluded (as PyTorch's side) */
     nb_qmodel *qm = NULL;

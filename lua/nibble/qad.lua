@@ -382,6 +382,7 @@ local function isatty(fd)
   if ok and type(host) == "table" and host.isatty then return host.isatty(fd) end
   return false
 end
+Q.isatty = isatty
 
 -- progress(total, opts): a function(m) drawing "qad: step 12/200 [####......] loss ... tok/s ETA" on
 -- stderr: in place on a terminal, else one line per ~5 % of the run (and the last step).
@@ -490,8 +491,8 @@ function Q.sample_batch(model, prompt, B, n_new, opts)
   return outs
 end
 
--- teacher_samples{model, tokenizer, prompts, samples = 8, tokens = 128, temperature = 1, top_p = 0.95,
--- seed = 0, out = FILE.jsonl, progress = function(done, total)}: for every prompt, `samples` answers of
+-- teacher_samples{model, tokenizer, prompts, samples = 8, tokens = 128, temperature = 1, top_k = 50, top_p = 1,
+-- seed = 0, out = FILE.jsonl, progress = function(done, total, tokens)}: for every prompt, `samples` answers of
 -- the model to it as a user turn (ChatML when the tokenizer has <|im_start|>, else "User: ...\nAssistant:"),
 -- written as {"messages": [{user}, {assistant}]} lines to out (atomically). QAD distils well on its own
 -- teacher's text, so this needs no dataset. Returns out and the number of generated tokens.
@@ -510,7 +511,7 @@ function Q.teacher_samples(o)
                  or ("User: " .. prompt .. "\nAssistant:")
     local ids = tok:encode(text, { special = true })
     local outs = Q.sample_batch(o.model, ids, n_samples, n_tok, { temperature = o.temperature or 1.0,
-      top_p = o.top_p or 0.95, seed = (o.seed or 0) * 1000003 + i * 1009, stop = stop })
+      top_k = o.top_k or 50, top_p = o.top_p or 1.0, seed = (o.seed or 0) * 1000003 + i * 1009, stop = stop })
     for _, out in ipairs(outs) do
       generated = generated + #out
       local body = {}
@@ -531,6 +532,22 @@ function Q.teacher_samples(o)
   local ok, e = os.rename(tmp, o.out)
   if not ok then fail("qad.teacher_samples: " .. tostring(e)) end
   return o.out, generated
+end
+
+-- step0_eval(metrics_path): the step-0 eval record of a metrics JSONL file ({ppl, kld, top1}) or nil.
+function Q.step0_eval(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local found
+  for line in f:lines() do
+    local ok, t = pcall(nibble.json.decode, line)
+    if ok and type(t) == "table" and t.step == 0 and type(t.eval_kld) == "number" then
+      found = { ppl = t.eval_ppl, kld = t.eval_kld, top1 = t.eval_top1 }
+      break
+    end
+  end
+  f:close()
+  return found
 end
 
 -- ---- the recipe pipeline --------------------------------------------------------------------------------
@@ -725,6 +742,8 @@ function Q.run(r, args, opts)
       record { step = 0, eval_ppl = evals.ptq.ppl, eval_kld = evals.ptq.kld, eval_top1 = evals.ptq.top1 }
       log("eval: teacher PPL %.4f; PTQ PPL %.4f, KLD %.5f, top-1 %.2f%%", evals.teacher.ppl, evals.ptq.ppl,
           evals.ptq.kld, evals.ptq.top1)
+    else
+      evals.ptq = d.metrics and Q.step0_eval(d.metrics) or nil   -- the PTQ row of the first run, if recorded
     end
   end
 

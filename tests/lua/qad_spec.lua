@@ -246,6 +246,42 @@ describe("qad.new", function()
   end)
 end)
 
+describe("teacher samples", function()
+  it("sample_batch decodes B rows with one cache; top_k = 1 is greedy generation", function()
+    local teacher = tiny()
+    local prompt = { 1, 5, 9, 13 }
+    local outs = qad.sample_batch(teacher, prompt, 3, 12, { top_k = 1, stop = {} })
+    local _, ids = teacher:generate { prompt = prompt, n = 12, greedy = true, stop = false, text = false }
+    assert.are.equal(3, #outs)
+    for b = 1, 3 do assert.are.same(ids, outs[b]) end
+    local a1 = qad.sample_batch(teacher, prompt, 4, 10, { temperature = 1, seed = 5, stop = {} })
+    local a2 = qad.sample_batch(teacher, prompt, 4, 10, { temperature = 1, seed = 5, stop = {} })
+    assert.are.same(a1, a2)
+    assert.are_not.same(a1[1], a1[2])   -- each row has its own stream
+    local stopped = qad.sample_batch(teacher, prompt, 2, 10, { top_k = 1, stop = { ids[3] } })
+    assert.are.same({ ids[1], ids[2], ids[3] }, stopped[1])
+  end)
+
+  it("teacher_samples writes chat records whose answers are the loss tokens", function()
+    if not need(stories) then return end
+    local m = nibble.model.load(stories)
+    local out = tmp .. "/samples.jsonl"
+    local calls = 0
+    local path, n = qad.teacher_samples { model = m, prompts = { "Once upon a time", "The cat" }, samples = 3,
+                                          tokens = 20, seed = 2, out = out, progress = function() calls = calls + 1 end }
+    assert.are.equal(out, path)
+    assert.are.equal(2, calls)
+    assert.is_true(n > 6 and n <= 2 * 3 * 20)
+    local lines = {}
+    for l in io.lines(out) do lines[#lines + 1] = nibble.json.decode(l) end
+    assert.are.equal(6, #lines)
+    assert.are.equal("Once upon a time", lines[1].messages[1].content)
+    assert.are.equal("assistant", lines[1].messages[2].role)
+    local ds = nibble.data.load(out, { tokenizer = m:tokenizer() })
+    assert.is_true(ds:n_masked() > 0 and ds:n_masked() < ds:n_tokens())
+  end)
+end)
+
 describe("recipes/qad.lua", function()
   local function load(args)
     return recipe.load(src .. "/recipes/qad.lua", args)
