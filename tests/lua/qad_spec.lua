@@ -330,6 +330,39 @@ describe("recipes/qad.lua", function()
   end)
 end)
 
+describe("recipes/quickstart.lua", function()
+  it("dry-runs on a given model", function()
+    if not need(stories) then return end
+    local out, e, rc = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. stories, "dry_run=true",
+                                       "steps=5" }
+    assert.are.equal(0, rc, e)
+    assert.matches("quickstart %(dry run%): .* %-> PTQ nvfp4_w4a16 %-> QAD 5 steps", out)
+    local _, e2, rc2 = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. tmp .. "/none", "dry_run=true" }
+    assert.are.equal(1, rc2)
+    assert.matches("does not exist", e2)
+  end)
+
+  it("runs the whole job in miniature on stories260K: samples, PTQ, QAD, export, table", function()
+    if not need(stories) then return end
+    local out, e, rc = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. stories, "prompts=2",
+      "samples=4", "eval_samples=4", "tokens=40", "steps=3", "batch=2", "seq_len=32", "out=" .. tmp .. "/qs",
+      "cache=" .. tmp .. "/qs-cache" }
+    assert.are.equal(0, rc, e)
+    assert.matches("teacher%s+[%d%.]+", out)
+    assert.matches("PTQ%s+[%d%.]+%s+[%d%.]+%s+[%d%.]+%%", out)
+    assert.matches("QAD%s+[%d%.]+%s+[%d%.]+%s+[%d%.]+%%", out)
+    assert.matches("data: %d+ train tokens sampled", e)
+    assert.is_truthy(nbspec.read(tmp .. "/qs/model.safetensors"))
+    -- a second run reuses the sampled text
+    local _, e2, rc2 = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. stories, "prompts=2",
+      "samples=4", "eval_samples=4", "tokens=40", "steps=3", "batch=2", "seq_len=32", "out=" .. tmp .. "/qs2",
+      "cache=" .. tmp .. "/qs-cache" }
+    assert.are.equal(0, rc2, e2)
+    assert.matches("%(cached%)", e2)
+    assert.are.equal(nbspec.read(tmp .. "/qs/model.safetensors"), nbspec.read(tmp .. "/qs2/model.safetensors"))
+  end)
+end)
+
 describe("nibble run recipes/qad.lua on stories260K", function()
   local base_args
   local function args(extra)

@@ -94,6 +94,22 @@ local function panel(out, x0, y0, w, h, key, files, uselog)
   out[#out + 1] = ('<text x="%.1f" y="%.1f" font-size="13" font-weight="bold">%s%s</text>'):format(x0 + L, y0 + 16,
     esc(key), logy and " (log)" or "")
   local yt, ystep = ticks(lo, hi, 5)
+  if logy then
+    -- 1-2-5 values inside the range read better than evenly spaced exponents
+    local nice = {}
+    for k = math.floor(lo) - 1, math.ceil(hi) do
+      for _, m in ipairs({ 1, 2, 5 }) do
+        local v = math.log10(m) + k
+        if v >= lo and v <= hi then nice[#nice + 1] = v end
+      end
+    end
+    if #nice > 8 then
+      local every = {}
+      for _, v in ipairs(nice) do if math.abs(v - math.floor(v + 0.5)) < 1e-9 then every[#every + 1] = v end end
+      nice = every
+    end
+    if #nice >= 2 then yt = nice end
+  end
   for _, v in ipairs(yt) do
     local y = syr(v)
     out[#out + 1] = ('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#eeeeee"/>'):format(x0 + L, y, x0 + L + pw, y)
