@@ -51,6 +51,51 @@ int main(void) {
     CHECK_EQ_INT(count[0], 0);
     CHECK_NEAR(count[2] / (double)n, 0.6, 0.01);
 
+    /* a 5000-token vocabulary: top-k 7 draws only the 7 largest, in their renormalized odds; top-p
+     * 0.6 draws only from the smallest prefix (by probability) that holds 60% of the mass */
+    {
+        enum { BV = 5000 };
+        static float big[BV];
+        static int idx[BV];
+        nb_rng r2;
+        nb_rng_seed(&r2, 9);
+        for (int i = 0; i < BV; i++) big[i] = (float)(3.0 * nb_rng_normal(&r2));
+        for (int i = 0; i < BV; i++) idx[i] = i;
+        for (int i = 0; i < 60; i++)   /* partial selection sort: the 60 largest first */
+            for (int k = i + 1; k < BV; k++)
+                if (big[idx[k]] > big[idx[i]]) { int t = idx[i]; idx[i] = idx[k]; idx[k] = t; }
+        double z7 = 0, p[60];
+        for (int i = 0; i < 7; i++) z7 += exp(big[idx[i]] - big[idx[0]]);
+        nb_sample_opts sk = {0};
+        sk.temperature = 1.0f;
+        sk.top_k = 7;
+        int cnt7[7] = {0}, outside = 0;
+        for (int i = 0; i < 20000; i++) {
+            int32_t t = nb_sample_logits(big, BV, &sk, &rng);
+            int k = 0;
+            while (k < 7 && idx[k] != t) k++;
+            if (k == 7) outside++; else cnt7[k]++;
+        }
+        CHECK_EQ_INT(outside, 0);
+        for (int k = 0; k < 7; k++) CHECK_NEAR(cnt7[k] / 20000.0, exp(big[idx[k]] - big[idx[0]]) / z7, 0.015);
+        double z = 0;
+        for (int i = 0; i < BV; i++) z += exp(big[i] - big[idx[0]]);
+        double acc = 0;
+        int keep = 0;
+        for (int i = 0; i < 60 && acc < 0.6; i++) { p[i] = exp(big[idx[i]] - big[idx[0]]) / z; acc += p[i]; keep = i + 1; }
+        sk.top_k = 0;
+        sk.top_p = 0.6f;
+        outside = 0;
+        for (int i = 0; i < 5000; i++) {
+            int32_t t = nb_sample_logits(big, BV, &sk, &rng);
+            int k = 0;
+            while (k < keep && idx[k] != t) k++;
+            if (k == keep) outside++;
+        }
+        CHECK_EQ_INT(outside, 0);
+        CHECK(keep > 1);
+    }
+
     /* generation on a tiny random model: reproducible with a seed, EOS stops it */
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(2, &ctx)) return 1;

@@ -9,11 +9,12 @@
 
 /* ---- sampling ------------------------------------------------------------------------------ */
 
-typedef struct { float v; int32_t i; } vi_pair;
+typedef struct { double w; int32_t i; } wi_pair;
 
+/* descending weight, then ascending id */
 static int cmp_desc(const void *a, const void *b) {
-    const vi_pair *x = a, *y = b;
-    if (x->v != y->v) return x->v < y->v ? 1 : -1;
+    const wi_pair *x = a, *y = b;
+    if (x->w != y->w) return x->w < y->w ? 1 : -1;
     return x->i < y->i ? -1 : (x->i > y->i);
 }
 
@@ -24,40 +25,84 @@ static int32_t argmax(const float *l, int64_t V) {
     return best;
 }
 
-int32_t nb_sample_logits(const float *logits, int64_t V, const nb_sample_opts *o, nb_rng *rng) {
-    if (!o || o->greedy || !(o->temperature > 0) || !rng) return argmax(logits, V);
-    vi_pair *p = malloc(sizeof *p * (size_t)V);
-    if (!p) return argmax(logits, V);
-    for (int64_t i = 0; i < V; i++) p[i] = (vi_pair){logits[i], (int32_t)i};
-    qsort(p, (size_t)V, sizeof *p, cmp_desc);
-    int64_t n = V;
-    if (o->top_k > 0 && o->top_k < n) n = o->top_k;
-    double mx = p[0].v, sum = 0.0;
-    double *w = malloc(sizeof(double) * (size_t)n);
-    if (!w) { int32_t r = p[0].i; free(p); return r; }
-    for (int64_t i = 0; i < n; i++) {
-        w[i] = exp(((double)p[i].v - mx) / o->temperature);
-        sum += w[i];
+/* heap of the k largest weights, smallest at the root */
+static void sift_down(wi_pair *h, int64_t k, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, s = i;
+        if (l < k && cmp_desc(&h[l], &h[s]) > 0) s = l;
+        if (r < k && cmp_desc(&h[r], &h[s]) > 0) s = r;
+        if (s == i) return;
+        wi_pair t = h[i];
+        h[i] = h[s];
+        h[s] = t;
+        i = s;
     }
-    if (o->top_p > 0 && o->top_p < 1) {
+}
+
+/* Work is O(V) (plus O(V log k) for top-k): a 150k vocabulary is never sorted whole. Top-p sorts
+ * only the tokens whose weight is at least 1e-7 of the mean, which together miss at most 1e-7 of the
+ * mass. */
+int32_t nb_sample_logits(const float *logits, int64_t V, const nb_sample_opts *o, nb_rng *rng) {
+    if (!o || o->greedy || !(o->temperature > 0) || !rng || V <= 1) return argmax(logits, V);
+    int32_t best = argmax(logits, V);
+    double mx = logits[best], inv_t = 1.0 / o->temperature, sum = 0.0;
+    double *w = malloc(sizeof(double) * (size_t)V);
+    if (!w) return best;
+    for (int64_t i = 0; i < V; i++) sum += (w[i] = exp(((double)logits[i] - mx) * inv_t));
+    int top_p = o->top_p > 0 && o->top_p < 1;
+    int top_k = o->top_k > 0 && o->top_k < V;
+    if (!top_p && !top_k) {   /* the whole distribution, in id order */
+        double u = nb_rng_uniform(rng) * sum, acc = 0.0;
+        int32_t pick = best;
+        for (int64_t i = 0; i < V; i++) {
+            acc += w[i];
+            if (u < acc) { pick = (int32_t)i; break; }
+        }
+        free(w);
+        return pick;
+    }
+    int64_t n = 0, cap = top_k ? o->top_k : V;
+    wi_pair *c = malloc(sizeof *c * (size_t)cap);
+    if (!c) { free(w); return best; }
+    if (top_k) {
+        for (int64_t i = 0; i < V; i++) {
+            wi_pair e = {w[i], (int32_t)i};
+            if (n < cap) {
+                c[n++] = e;
+                if (n == cap)
+                    for (int64_t j = cap / 2 - 1; j >= 0; j--) sift_down(c, cap, j);
+            } else if (cmp_desc(&e, &c[0]) < 0) {   /* e ranks before the smallest kept */
+                c[0] = e;
+                sift_down(c, cap, 0);
+            }
+        }
+    } else {
+        double floor_w = 1e-7 * sum / (double)V;
+        for (int64_t i = 0; i < V; i++)
+            if (w[i] >= floor_w) c[n++] = (wi_pair){w[i], (int32_t)i};
+    }
+    qsort(c, (size_t)n, sizeof *c, cmp_desc);
+    double csum = 0.0;
+    for (int64_t i = 0; i < n; i++) csum += c[i].w;
+    if (top_p) {
         double acc = 0.0;
         int64_t keep = n;
         for (int64_t i = 0; i < n; i++) {
-            acc += w[i] / sum;
-            if (acc >= o->top_p) { keep = i + 1; break; }
+            acc += c[i].w;
+            if (acc >= o->top_p * csum) { keep = i + 1; break; }
         }
         n = keep;
-        sum = 0.0;
-        for (int64_t i = 0; i < n; i++) sum += w[i];
+        csum = 0.0;
+        for (int64_t i = 0; i < n; i++) csum += c[i].w;
     }
-    double u = nb_rng_uniform(rng) * sum, acc = 0.0;
-    int32_t pick = p[n - 1].i;
+    double u = nb_rng_uniform(rng) * csum, acc = 0.0;
+    int32_t pick = c[n - 1].i;
     for (int64_t i = 0; i < n; i++) {
-        acc += w[i];
-        if (u < acc) { pick = p[i].i; break; }
+        acc += c[i].w;
+        if (u < acc) { pick = c[i].i; break; }
     }
+    free(c);
     free(w);
-    free(p);
     return pick;
 }
 
