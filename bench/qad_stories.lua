@@ -3,7 +3,7 @@
 -- llama.cpp's method (ctx 512, 100 chunks) on the validation text, against the teacher. Rows: teacher, PTQ,
 -- QAD (the trained scales, as exported), QAD with the per-tensor amax recomputed from the final weights at
 -- export, the export read back, and llama.cpp's own NVFP4 and Q4_0 GGUFs of the same model.
---   nibble run bench/qad_stories.lua [steps=200] [batch=8] [seq_len=512] [lr=1e-4] [min_lr=1e-5] [warmup=10]
+--   nibble run bench/qad_stories.lua [steps=200] [batch=8] [seq_len=512] [lr=1e-4] [min_lr=0] [warmup=10]
 --       [chunks=100] [out=/tmp/qad-stories] [metrics=FILE.jsonl] [freeze=GLOB,GLOB]
 local nibble = nibble or require("nibble")
 local qad, ptq = nibble.qad, nibble.ptq
@@ -34,7 +34,7 @@ row("teacher (F32)", teacher)
 local loader = qad.loader({ data = S .. "/text/tinystories_train_head_2MiB.txt", seq_len = n("seq_len", 512),
                             batch = n("batch", 8) }, tok, 1)
 local run = qad.new { teacher = teacher, student = qm, loader = loader,
-                      config = { steps = steps, lr = lr, min_lr = n("min_lr", lr / 10), warmup = n("warmup", 10) } }
+                      config = { steps = steps, lr = lr, min_lr = n("min_lr", 0), warmup = n("warmup", 10) } }
 row("PTQ (NVFP4 W4A16 max)", student)
 local mf = arg.metrics and io.open(arg.metrics, "wb")
 local tr = qad.train(run, { record = function(t) if mf then mf:write(qad.json_line(t), "\n") end end })
@@ -55,6 +55,6 @@ for _, g in ipairs { { "llama.cpp NVFP4 GGUF", "stories260K-nvfp4.gguf" }, { "ll
   if io.open(f, "rb") then row(g[1], nibble.model.load(f)) end
 end
 print(("stories260K, valid text, ctx %d, %d chunks; QAD %d steps of %d x %d at lr %g (cosine to %g), %.0f s of training:"):format(
-  eopts.ctx, eopts.chunks, steps, loader.batch, loader.seq_len, lr, n("min_lr", lr / 10), tr.seconds))
+  eopts.ctx, eopts.chunks, steps, loader.batch, loader.seq_len, lr, n("min_lr", 0), tr.seconds))
 print(qad.table_text(rows))
 print(("(%.1f min)"):format((ptq.now() - t0) / 60))

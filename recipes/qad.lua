@@ -1,7 +1,7 @@
 -- Quantization-aware distillation as a recipe: PTQ, then QAD of the fake-quantized student from the
 -- original model (the teacher), then the export and an eval table (teacher / PTQ / QAD).
 --   nibble run recipes/qad.lua model=PATH data=FILE out=DIR [format=nvfp4_w4a16] [algorithm=max]
---       [calib=FILE] [eval_data=FILE] [steps=200] [lr=1e-5] [min_lr=LR/10] [warmup=steps/20]
+--       [calib=FILE] [eval_data=FILE] [steps=200] [lr=1e-5] [min_lr=0] [warmup=steps/20]
 --       [seq_len=512] [batch=8] [grad_accum=1] [kd=kl|reverse_kl|topk] [topk=64] [temperature=1]
 --       [lm_loss=false] [sft_mask=true] [layout=modelopt|compressed-tensors] [metrics=FILE.jsonl]
 --       [checkpoint_every=N] [checkpoint_dir=DIR] [resume=true] [eval_every=N] [ctx=512] [chunks=N]
@@ -58,7 +58,7 @@ return nibble.recipe {
     sft_mask = bool("sft_mask", true),
     steps = steps,
     lr = lr,
-    min_lr = n("min_lr", lr / 10),
+    min_lr = n("min_lr", 0),   -- annealing to 0 recovers more than a floor on short runs (stories260K: 0.028 vs 0.032 KLD)
     warmup = n("warmup", math.floor(steps / 20)),
     batch = n("batch", 8),
     seq_len = n("seq_len", 512),

@@ -153,7 +153,7 @@ say("data: %d training tokens (%d masked in: the answers), %d rows of %d per epo
 
 -- [4] QAD
 local run = qad.new { teacher = teacher, student = qm, loader = loader,
-                      config = { steps = steps, lr = lr, min_lr = num("min_lr", lr / 10), warmup = num("warmup", 2),
+                      config = { steps = steps, lr = lr, min_lr = num("min_lr", 0), warmup = num("warmup", 2),
                                  grad_accum = num("grad_accum", 1), clip = 1.0 } }
 local ckdir = out .. "-checkpoints"
 local resumed = false
@@ -172,7 +172,7 @@ local mf = io.open(mpath, resumed and "ab" or "wb")
 local function record(t) if mf then mf:write(qad.json_line(t), "\n"); mf:flush() end end
 if evals.ptq and not resumed then record { step = 0, eval_ppl = evals.ptq.ppl, eval_kld = evals.ptq.kld, eval_top1 = evals.ptq.top1 } end
 say("qad: %d steps of %d x %d tokens, lr %g -> %g (KL(teacher || student), T = 1, answers only)", steps, loader.batch,
-    loader.seq_len, lr, num("min_lr", lr / 10))
+    loader.seq_len, lr, num("min_lr", 0))
 qad.train(run, { record = record, checkpoint_dir = ckdir, checkpoint_every = num("checkpoint_every", 0),
                  on_error = function() if mf then mf:close() end end })
 evals.qad = qad.evaluate(student, eval_ids, teacher, eopts)
