@@ -1,7 +1,7 @@
 /* The fast float32 kernels (nb_op_*) against the float64 scalar references (nb_ref_*), forward
  * and backward, on shapes that cross the kernels' blocking (attention query blocks of 64 rows,
  * grouped-query heads, sliding windows, decoding against a cache), with 1 and 2 threads, and with
- * both the portable and the AVX2 row kernels (when the CPU has AVX2). */
+ * the portable, AVX2 and AVX-512 row kernels (those the CPU has). */
 #include <stdlib.h>
 
 #include "nbtest.h"
@@ -180,8 +180,8 @@ static void test_ce(nb_ctx *ctx, int64_t n, int64_t V) {
 
 int main(void) {
     nb_rng_seed(&rng, 777);
-    const char *paths[2] = {"scalar", "avx2"};
-    for (int p = 0; p < 2; p++) {
+    const char *paths[3] = {"scalar", "avx2", "avx512"};
+    for (int p = 0; p < 3; p++) {
     if (strcmp(nb_simd_force(paths[p]), paths[p]) != 0) { printf("no %s path on this CPU\n", paths[p]); continue; }
     printf("row kernels: %s\n", paths[p]);
     for (int threads = 1; threads <= 2; threads++) {

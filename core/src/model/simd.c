@@ -1,5 +1,5 @@
-/* Row kernels with runtime CPU dispatch: AVX2+FMA on x86-64 machines that have it, portable C
- * otherwise. They are the exp/max/dot loops a compiler will not vectorize on its own without
+/* Row kernels with runtime CPU dispatch: AVX-512 or AVX2+FMA on x86-64 machines that have them,
+ * portable C otherwise. They are the exp/max/dot loops a compiler will not vectorize on its own without
  * -ffast-math (reductions, clamps), used by softmax, SwiGLU, RMSNorm and cross-entropy in ops.c.
  * nb_simd_force() lets the tests run both paths on one machine and compare them. */
 #include <math.h>
@@ -374,6 +374,100 @@ static AVX2 void av_attn_dsoft(float *p, float *dp, int64_t n, float lse, float 
     }
     sc_attn_dsoft(p + i, dp + i, n - i, lse, D, scale);
 }
+/* ---- AVX-512 (the exp-heavy row kernels; the attention blocks keep their AVX2 forms, whose vector
+ * is one head row of 8 or 16) ---------------------------------------------------------------- */
+
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+static inline AVX512 __m512 v5_exp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+static AVX512 float a5_max(const float *x, int64_t n) {
+    if (n < 16) return av_max(x, n);
+    __m512 a = _mm512_loadu_ps(x);
+    int64_t i = 16;
+    for (; i + 16 <= n; i += 16) a = _mm512_max_ps(a, _mm512_loadu_ps(x + i));
+    float m = _mm512_reduce_max_ps(a);
+    float t = av_max(x + i, n - i);
+    return t > m ? t : m;
+}
+
+static AVX512 float a5_exp_sub_sum(float *x, int64_t n, float sub) {
+    __m512 s = _mm512_setzero_ps(), vs = _mm512_set1_ps(sub);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = v5_exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), vs));
+        _mm512_storeu_ps(x + i, e);
+        s = _mm512_add_ps(s, e);
+    }
+    return _mm512_reduce_add_ps(s) + av_exp_sub_sum(x + i, n - i, sub);
+}
+
+static AVX512 float a5_exp_sum(const float *x, int64_t n, float sub) {
+    __m512 s = _mm512_setzero_ps(), vs = _mm512_set1_ps(sub);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) s = _mm512_add_ps(s, v5_exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), vs)));
+    return _mm512_reduce_add_ps(s) + av_exp_sum(x + i, n - i, sub);
+}
+
+static AVX512 void a5_exp_scale(const float *x, float *y, int64_t n, float sub, float k) {
+    __m512 vs = _mm512_set1_ps(sub), vk = _mm512_set1_ps(k);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(vk, v5_exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), vs))));
+    av_exp_scale(x + i, y + i, n - i, sub, k);
+}
+
+static AVX512 void a5_swiglu(const float *g, const float *u, float *a, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, v5_exp(_mm512_sub_ps(zero, gv))));
+        _mm512_storeu_ps(a + i, _mm512_mul_ps(_mm512_mul_ps(gv, sg), _mm512_loadu_ps(u + i)));
+    }
+    av_swiglu(g + i, u + i, a + i, n - i);
+}
+
+static AVX512 void a5_swiglu_bwd(const float *g, const float *u, const float *da, float *dg, float *du, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i), uv = _mm512_loadu_ps(u + i), d = _mm512_loadu_ps(da + i);
+        __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, v5_exp(_mm512_sub_ps(zero, gv))));
+        __m512 duv = _mm512_mul_ps(d, _mm512_mul_ps(gv, sg));
+        __m512 t = _mm512_fmadd_ps(gv, _mm512_sub_ps(one, sg), one);
+        __m512 dgv = _mm512_mul_ps(_mm512_mul_ps(d, uv), _mm512_mul_ps(sg, t));
+        _mm512_storeu_ps(du + i, duv);
+        _mm512_storeu_ps(dg + i, dgv);
+    }
+    av_swiglu_bwd(g + i, u + i, da + i, dg + i, du + i, n - i);
+}
+
+static AVX512 void a5_attn_dsoft(float *p, float *dp, int64_t n, float lse, float D, float scale) {
+    __m512 vl = _mm512_set1_ps(lse), vD = _mm512_set1_ps(D), vsc = _mm512_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 pv = v5_exp(_mm512_sub_ps(_mm512_loadu_ps(p + i), vl));
+        _mm512_storeu_ps(p + i, pv);
+        _mm512_storeu_ps(dp + i, _mm512_mul_ps(_mm512_mul_ps(pv, _mm512_sub_ps(_mm512_loadu_ps(dp + i), vD)), vsc));
+    }
+    av_attn_dsoft(p + i, dp + i, n - i, lse, D, scale);
+}
 #endif
 
 /* ---- dispatch -------------------------------------------------------------------------------- */
@@ -385,6 +479,11 @@ static const nb_simd_table k_scalar = {"scalar", sc_max, sc_exp_sub_sum, sc_exp_
 #ifdef NB_HAVE_AVX2_PATH
 static const nb_simd_table k_avx2 = {"avx2", av_max, av_exp_sub_sum, av_exp_sum, av_exp_scale, av_dot, av_dot3,
                                      av_swiglu, av_swiglu_bwd, av_attn_dsoft, av_rows_qk, av_rows_pv, av_rows_tn};
+static const nb_simd_table k_avx512 = {"avx512", a5_max, a5_exp_sub_sum, a5_exp_sum, a5_exp_scale, av_dot, av_dot3,
+                                       a5_swiglu, a5_swiglu_bwd, a5_attn_dsoft, av_rows_qk, av_rows_pv, av_rows_tn};
+
+static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+static int have_avx512(void) { return have_avx2() && __builtin_cpu_supports("avx512f"); }
 #endif
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -393,7 +492,8 @@ static void simd_init(void) {
     nb_simd = k_scalar;
 #ifdef NB_HAVE_AVX2_PATH
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) nb_simd = k_avx2;
+    if (have_avx512()) nb_simd = k_avx512;
+    else if (have_avx2()) nb_simd = k_avx2;
 #endif
 }
 
@@ -403,7 +503,8 @@ const char *nb_simd_force(const char *name) {
     nb_simd_ensure();
     if (name && !strcmp(name, "scalar")) nb_simd = k_scalar;
 #ifdef NB_HAVE_AVX2_PATH
-    else if (name && !strcmp(name, "avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) nb_simd = k_avx2;
+    else if (name && !strcmp(name, "avx2") && have_avx2()) nb_simd = k_avx2;
+    else if (name && !strcmp(name, "avx512") && have_avx512()) nb_simd = k_avx512;
 #endif
     return nb_simd.name;
 }
