@@ -40,15 +40,23 @@ function M.write(path, data)
 end
 
 local tmp_count = 0
+-- Names are unique across concurrent spec processes: os.tmpname() creates a file only this
+-- process owns, and its name (plus a counter) is the stem (math.random is the same in every process).
+local tmp_stem = nil
 function M.tmpname(suffix)
   tmp_count = tmp_count + 1
-  local base = os.getenv("TMPDIR") or "/tmp"
-  return ("%s/nibble-spec-%d-%d-%d%s"):format(base, os.time(), math.random(1, 1e9), tmp_count, suffix or "")
+  if not tmp_stem then
+    tmp_stem = os.tmpname()
+    os.remove(tmp_stem)
+  end
+  return ("%s-nibble-spec-%d%s"):format(tmp_stem, tmp_count, suffix or "")
 end
 
 function M.mkdtemp()
-  local d = M.tmpname("")
-  os.execute("mkdir -p " .. M.quote(d))
+  local p = io.popen("mktemp -d \"${TMPDIR:-/tmp}/nibble-spec-XXXXXXXX\"")
+  local d = p and p:read("*l")
+  if p then p:close() end
+  assert(d and d ~= "", "mktemp -d failed")
   return d
 end
 
