@@ -11,9 +11,10 @@
 # difference (llama.cpp keeps its KV cache in F16, and multiplies Q4_1 weights with activations
 # rounded to Q8_1, so the Q4_1 row differs more).
 # llama.cpp's OpenMP threads spin at barriers by default (OMP_WAIT_POLICY=active); on a shared,
-# loaded machine a spinning thread burns the time slice its descheduled peer needs and llama.cpp
-# with 2 threads ran 3.4x slower than with passive waiting, so this script sets passive unless
-# --omp-wait active is given (active is llama.cpp's own default, meant for a machine it has to itself).
+# loaded machine a spinning thread burns the time slice its descheduled peer needs: llama.cpp with 2
+# threads ran 3.4x slower than with passive waiting (SmolLM2 F32, load ~5). So this script sets
+# passive unless --omp-wait active is given; on an idle machine active, llama.cpp's own default, was
+# about 9% faster (774 vs 708 tok/s), so use it when the machine is yours.
 # llama-cpp-python here was built from source for this CPU without AMX (AVX-512 on, AMX off):
 #   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 #     -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
