@@ -21,8 +21,21 @@ def load(path):
     import torch
     from transformers import AutoModelForCausalLM
     if path.endswith(".gguf"):
-        return AutoModelForCausalLM.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path),
-                                                    dtype=torch.float32)
+        # transformers' own GGUF reader (dequantized, q/k permuted back to HF's layout); from_pretrained's GGUF
+        # path would also want accelerate
+        from transformers import AutoConfig, LlamaConfig
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+        cfg = dict(load_gguf_checkpoint(path, return_tensors=False)["config"])
+        cfg.pop("model_type", None)
+        cfg.pop("_model_name_or_path", None)
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), dtype=torch.float32)
+        sd = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+        missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+        if missing or unexpected:
+            raise SystemExit(f"GGUF load: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        model.tie_weights()
+        return model
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
@@ -96,13 +109,16 @@ def bench(a):
 
     step()   # warm-up
     t0 = time.perf_counter()
+    c0 = time.process_time()
     kd = float("nan")
     for _ in range(a.iters):
         kd = step()
     dt = (time.perf_counter() - t0) / a.iters
+    cpu = (time.process_time() - c0) / a.iters
     print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "model": a.model, "batch": a.batch,
                       "seq": a.seq, "threads": torch.get_num_threads(), "quantized_linears": nq,
-                      "qad_tok_s": round(a.batch * a.seq / dt, 1), "step_s": round(dt, 3), "kd": kd}))
+                      "qad_tok_s": round(a.batch * a.seq / dt, 1),
+                      "qad_tok_cpu_s": round(a.batch * a.seq / cpu, 1), "step_s": round(dt, 3), "kd": kd}))
 
 
 def run_json(cmd):
@@ -132,13 +148,19 @@ def compare(a):
                 if k not in best or r["qad_tok_s"] > best[k]["qad_tok_s"]:
                     best[k] = r
         ratio = best["nibble"]["qad_tok_s"] / best["pytorch"]["qad_tok_s"]
-        rows.append((name, batch, seq, best["nibble"]["qad_tok_s"], best["pytorch"]["qad_tok_s"], ratio,
+        cpu_ratio = best["nibble"]["qad_tok_cpu_s"] / best["pytorch"]["qad_tok_cpu_s"]
+        rows.append((name, batch, seq, best["nibble"]["qad_tok_s"], best["pytorch"]["qad_tok_s"], ratio, cpu_ratio,
                      best["nibble"]["quantized_linears"], best["pytorch"]["quantized_linears"]))
     print(f"QAD step (teacher fwd + NVFP4 W4A16 fake-quant student fwd/bwd + KL + clip + AdamW), {a.threads} threads,"
           f" best of {a.repeat}:")
-    print(f"{'model':48s} {'B x T':>9s} {'nibble tok/s':>13s} {'PyTorch tok/s':>14s} {'ratio':>7s}")
-    for name, b, t, n, p, r, qn, qp in rows:
-        print(f"{name:48s} {b:>4d}x{t:<4d} {n:13.1f} {p:14.1f} {r:6.2f}x   ({qn}/{qp} quantized linears)")
+    print(f"{'model':48s} {'B x T':>9s} {'nibble tok/s':>13s} {'PyTorch tok/s':>14s} {'ratio':>7s} {'per CPU-s':>10s}")
+    for name, b, t, n, p, r, rc, qn, qp in rows:
+        print(f"{name:48s} {b:>4d}x{t:<4d} {n:13.1f} {p:14.1f} {r:6.2f}x {rc:9.2f}x  ({qn}/{qp} quantized linears)")
+    print("(per CPU-s: the ratio of tokens per CPU-second of each process, steadier on a shared machine)")
+    try:
+        print(f"load average: {os.getloadavg()[0]:.2f}")
+    except OSError:
+        pass
 
 
 def main():

@@ -430,11 +430,13 @@ end
 
 -- table_text(rows): the eval table, rows {name, ppl, kld, top1}.
 function Q.table_text(rows)
-  local out = { ("%-10s %10s %10s %9s"):format("", "PPL", "KLD", "top-1") }
+  local w = 10
+  for _, r in ipairs(rows) do w = math.max(w, #r.name) end
+  local fmt_row = "%-" .. w .. "s %10s %10s %9s"
+  local out = { fmt_row:format("", "PPL", "KLD", "top-1") }
   local function f(x, fmt) return (x == nil or x ~= x) and "-" or fmt:format(x) end
   for _, r in ipairs(rows) do
-    out[#out + 1] = ("%-10s %10s %10s %9s"):format(r.name, f(r.ppl, "%.4f"), f(r.kld, "%.5f"),
-      f(r.top1, "%.2f%%"))
+    out[#out + 1] = fmt_row:format(r.name, f(r.ppl, "%.4f"), f(r.kld, "%.5f"), f(r.top1, "%.2f%%"))
   end
   return table.concat(out, "\n")
 end
