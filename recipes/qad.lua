@@ -45,7 +45,8 @@ return nibble.recipe {
   algorithm = arg.algorithm,
   seed = n("seed", 1),
   calibration = {
-    data = arg.calib or arg.data,     -- W4A4 / W8A8 need activations; weight-only formats ignore it
+    -- formats that quantize activations calibrate on calib (default: the distillation data)
+    data = arg.calib or (recipe.presets[format].input and arg.data) or nil,
     samples = n("samples", 128),
     seq_len = n("calib_seq_len", n("seq_len", 512)),
     random_offset = true,
