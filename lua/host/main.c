@@ -26,6 +26,7 @@
 static lua_State *g_L;
 static volatile sig_atomic_t g_sigints;     /* SIGINTs not yet delivered as a Lua error */
 static volatile sig_atomic_t g_got_sigint;  /* a SIGINT arrived during the current protected call */
+static volatile sig_atomic_t g_warned;      /* the "still running" notice was printed */
 volatile sig_atomic_t nbh_prompt_interrupt;
 
 /* ---- Ctrl-C --------------------------------------------------------------------------------- */
@@ -43,6 +44,7 @@ static void lstop(lua_State *L, lua_Debug *ar) {
     nb_ctx *ctx = nbh_ctx_if_created();
     if (ctx) nb_ctx_clear_interrupt(ctx);
     g_sigints = 0;
+    g_warned = 0;
     alarm(0);
     lua_pushstring(L, "interrupted");   /* the traceback says where */
     lua_error(L);
@@ -56,14 +58,18 @@ static void on_sigalrm(int sig) {
                                   "(loops that call nibble can); Ctrl-C again to exit\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)w;
+        g_warned = 1;
     }
 }
 
 static void on_sigint_running(int sig) {
     g_got_sigint = 1;
-    if (g_sigints++ > 0) {
-        /* A second Ctrl-C before the first one was honoured: LuaJIT cannot leave a compiled
-         * loop through a hook, so give the user the way out luajit.c gives (default action). */
+    if (g_sigints > 0) {
+        /* Ctrl-C pressed again quickly (a busy machine may take a moment to honour the first):
+         * the first is still on its way, nothing more to do. */
+        if (!g_warned) return;
+        /* Ctrl-C after the "still running" notice: LuaJIT cannot leave a compiled loop through a
+         * hook, so give the user the way out luajit.c gives (default action). */
         static const char msg[] = "\nnibble: interrupted twice, exiting\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)w;
@@ -71,6 +77,7 @@ static void on_sigint_running(int sig) {
         raise(sig);
         return;
     }
+    g_sigints = 1;
     nb_ctx *ctx = nbh_ctx_if_created();
     if (ctx) nb_ctx_interrupt(ctx);
     lua_sethook(g_L, lstop, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
@@ -113,6 +120,7 @@ int nbh_docall(lua_State *L, int narg, int nres, int *interrupted) {
     nb_ctx *ctx = nbh_ctx_if_created();
     if (ctx) nb_ctx_clear_interrupt(ctx);
     g_sigints = 0;
+    g_warned = 0;
     g_got_sigint = 0;
     set_sigint(on_sigint_running);
     signal(SIGALRM, on_sigalrm);
@@ -121,6 +129,7 @@ int nbh_docall(lua_State *L, int narg, int nres, int *interrupted) {
     nbh_signals_prompt();
     lua_sethook(L, NULL, 0, 0);
     g_sigints = 0;
+    g_warned = 0;
     ctx = nbh_ctx_if_created();
     if (ctx) nb_ctx_clear_interrupt(ctx);
     if (interrupted) *interrupted = g_got_sigint && status != 0;

@@ -307,14 +307,17 @@ describe("Ctrl-C", function()
     assert.truthy(has(err, "nibble: interrupted\n"), err)
   end)
 
-  it("explains a compiled loop that cannot be interrupted, and a second Ctrl-C exits", function()
+  it("explains a compiled loop that cannot be interrupted, and a Ctrl-C after that exits", function()
+    -- The quick second Ctrl-C (before the notice) is absorbed: the first may still be on its way.
     local code_text = touch(ready) .. "local n = 0 while true do n = n + 1 end"
-    local cmd = ("%s & %s%s sleep 2; %s wait $!"):format(bin_with_pid("-e", code_text), wait_for(ready), kill(), kill())
+    local cmd = ("%s & %s%s sleep 0.2; %s sleep 2; %s wait $!")
+      :format(bin_with_pid("-e", code_text), wait_for(ready), kill(), kill(), kill())
     local out, err, code = nbspec.sh(cmd)
     assert.are.equal(130, code, err)
     assert.are.equal("", out)
     assert.truthy(has(err, "nibble: still running: LuaJIT-compiled Lua loops cannot be interrupted"), err)
     assert.truthy(has(err, "nibble: interrupted twice, exiting\n"), err)
+    assert.truthy(err:find("still running", 1, true) < err:find("interrupted twice", 1, true), err)
   end)
 
   it("returns to the REPL prompt without leaking, and drops a half-typed chunk", function()
@@ -334,17 +337,18 @@ describe("Ctrl-C", function()
     local _, _, has_script = nbspec.sh("command -v script")
     if has_script ~= 0 then pending("script(1) is not installed") return end
     local home = nbspec.mkdtemp()
-    -- Ctrl-C is sent three times a little apart: whether one lands at the prompt or in the loop,
-    -- the loop is stopped and the REPL stays up.
+    -- One Ctrl-C stops the loop; the next line proves the REPL is back (it touches ready2) before
+    -- a Ctrl-C at the prompt drops a half-typed line. Nothing depends on how fast the machine is.
     local loop = touch(ready) .. 'while true do local t = nibble.zeros("f32", 8); x = x + 1 end'
     local feed = "{ sleep 0.7; printf '1 + 41\\r'; sleep 0.3; printf 'x = 0\\r'; sleep 0.3; "
       .. "printf '%s\\r' " .. nbspec.quote(loop) .. "; " .. wait_for(ready)
-      .. "printf '\\003'; sleep 0.7; printf '\\003'; sleep 0.7; printf '\\003'; sleep 0.5; "
-      .. "printf 'print(\"alive\", x > 0)\\r'; sleep 0.3; printf 'half typed\\003'; sleep 0.3; "
+      .. "printf '\\003'; sleep 0.3; "
+      .. "printf '%s\\r' " .. nbspec.quote('print("alive", x > 0) ' .. touch(ready2)) .. "; " .. wait_for(ready2)
+      .. "printf 'half typed\\003'; sleep 0.3; "
       .. "printf 'nibble.tensor{1, 2}\\r'; sleep 0.3; printf '\\004'; sleep 0.5; }"
     local cmd = ("%s | HOME=%s timeout 60 script -qfec %s /dev/null"):format(feed, nbspec.quote(home), nbspec.quote(nbspec.bin))
     local out, err, code = nbspec.sh(cmd)
-    assert.are.equal(0, code, err)
+    assert.are.equal(0, code, err .. out)
     out = out:gsub("\r", "")
     assert.truthy(has(out, "1 + 41\n42\n"), out)
     assert.truthy(has(out, "nibble: interrupted\n"), out)
