@@ -3,16 +3,12 @@
 -- dispatch to lua/nibble/cli/<cmd>.lua, the REPL on a pipe and on a pty, and Ctrl-C.
 local nibble = require("nibble")
 local nbspec = require("nbspec")
+local need = nbspec.need
 local json = require("nibble.json")
 
 local run = nbspec.nibble
 local hf = nbspec.data("stories260K/hf")
 local gguf_path = nbspec.data("stories260K/stories260K.gguf")
-
-local function need(x)
-  if not x then pending("../shared/data/stories260K is absent") end
-  return x ~= nil
-end
 
 local function has(s, needle) return s:find(needle, 1, true) ~= nil end
 

@@ -3,23 +3,19 @@
 -- read with the `safetensors` and `gguf` Python packages.
 local nibble = require("nibble")
 local nbspec = require("nbspec")
+local need = nbspec.need
+-- local, not nbspec.err_of: the errors name this file's line (the caller of the nibble function)
+local function err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(e)
+end
 local ffi = require("ffi")
 local C = nibble.C
 
 local hf = nbspec.data("stories260K/hf")
 local gguf_path = nbspec.data("stories260K/stories260K.gguf")
 local q8_path = nbspec.data("stories260K/quantized/stories260K-q8_0.gguf")
-
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
-
-local function need(x)
-  if not x then pending("../shared/data/stories260K is absent") end
-  return x ~= nil
-end
 
 describe("nibble.load (safetensors)", function()
   it("lists the tensors and fetches them by name", function()

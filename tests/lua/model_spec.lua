@@ -5,25 +5,14 @@
 local ffi = require("ffi")
 local nibble = require("nibble")
 local nbspec = require("nbspec")
+local need = nbspec.need
+local err_of = nbspec.err_of
 
 local stories_hf = nbspec.data("stories260K/hf")
 local stories_gguf = nbspec.data("stories260K/stories260K.gguf")
 local valid = nbspec.data("text/tinystories_valid_head_776KiB.txt")
 local greedy_txt = nbspec.data("stories260K/reference/greedy_from_bos_200.txt")
 local golden = nbspec.source_dir .. "/tests/golden/data"
-
-local function need(...)
-  for i = 1, select("#", ...) do
-    if not select(i, ...) then pending("../shared/data is absent") return false end
-  end
-  return true
-end
-
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
 
 describe("nibble.model", function()
   it("loads the golden Qwen3 and matches transformers' logits", function()

@@ -93,4 +93,24 @@ function M.nibble(args, stdin, env)
   return M.sh(prefix .. M.quote(M.bin) .. " " .. table.concat(parts, " "), stdin)
 end
 
+-- `if not nbspec.need(a, b) then return end` at the top of an `it`: marks the spec pending (it
+-- cannot run without ../shared/data) when any argument is nil.
+function M.need(...)
+  for i = 1, select("#", ...) do
+    if not select(i, ...) then
+      local pending = getfenv(2).pending or pending   -- busted's, from the calling spec
+      pending("../shared/data is absent")
+      return false
+    end
+  end
+  return true
+end
+
+-- The message of the error f(...) raises; fails the spec when it raises none.
+function M.err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert(not ok, "expected an error")
+  return tostring(e)
+end
+
 return M

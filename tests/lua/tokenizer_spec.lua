@@ -4,6 +4,8 @@
 -- tests/golden/gen_tokenizer_golden.py and the README of ../shared/data).
 local nibble = require("nibble")
 local nbspec = require("nbspec")
+local need = nbspec.need
+local err_of = nbspec.err_of
 
 local stories_hf = nbspec.data("stories260K/hf")
 local stories_gguf = nbspec.data("stories260K/stories260K.gguf")
@@ -11,19 +13,6 @@ local valid = nbspec.data("text/tinystories_valid_head_776KiB.txt")
 local qwen2 = nbspec.data("tokenizers/llama.cpp-vocab-tests/ggml-vocab-qwen2.gguf")
 local llama_model = nbspec.data("tokenizers/llama2-32k/tokenizer.model")
 local golden = nbspec.source_dir .. "/tests/golden/data/tokenizers"
-
-local function need(...)
-  for i = 1, select("#", ...) do
-    if not select(i, ...) then pending("../shared/data is absent") return false end
-  end
-  return true
-end
-
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
 
 describe("nibble.tokenizer", function()
   it("loads stories260K's tokenizer.json and encodes as HF does", function()
