@@ -65,4 +65,21 @@ static inline const char *nbt_src(const char *rel) {
     return out;
 }
 
+/* The whole file, NUL-terminated (so text can be parsed in place), or NULL when it cannot be read;
+ * *n (if given) is its length. The caller frees it. */
+static inline void *nbt_slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
+    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
+    fclose(f);
+    if (!b) return NULL;
+    b[sz] = 0;
+    if (n) *n = (size_t)sz;
+    return b;
+}
+
 #endif

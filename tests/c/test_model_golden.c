@@ -12,26 +12,12 @@
 
 #include "nbtest.h"
 
-static char *slurp(const char *path, long *n_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); fclose(f); return NULL; }
-    fclose(f);
-    b[n] = 0;
-    if (n_out) *n_out = n;
-    return b;
-}
-
 static void check_model(nb_ctx *ctx, const char *name, const char *dir_override) {
     char dir[512], path[700];
     snprintf(dir, sizeof dir, "%s", nbt_src("tests/golden/data/model_"));
     strncat(dir, name, sizeof dir - strlen(dir) - 1);
     snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *js = slurp(path, NULL);
+    char *js = nbt_slurp(path, NULL);
     CHECK_MSG(js != NULL, "cannot read %s", path);
     if (!js) return;
     cJSON *g = cJSON_Parse(js);
@@ -57,12 +43,12 @@ static void check_model(nb_ctx *ctx, const char *name, const char *dir_override)
     CHECK(!strcmp(nb_model_arch_name(m), !strcmp(name, "llama3") ? "llama" : name));
 
     /* logits and hidden states */
-    long nb = 0;
+    size_t nb = 0;
     snprintf(path, sizeof path, "%s/logits_f32le.bin", dir);
-    float *ref = (float *)slurp(path, &nb);
+    float *ref = nbt_slurp(path, &nb);
     CHECK_EQ_INT(nb, (long)N * V * 4);
     snprintf(path, sizeof path, "%s/hidden_f32le.bin", dir);
-    float *href = (float *)slurp(path, &nb);
+    float *href = nbt_slurp(path, &nb);
     CHECK_EQ_INT(nb, (long)(L + 1) * N * D * 4);
     float *lg = malloc(sizeof(float) * (size_t)(N * V));
     float **hid = calloc((size_t)(L + 1), sizeof(float *));

@@ -9,22 +9,8 @@
 
 #include "nbtest.h"
 
-static char *slurp(const char *path, long *n_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); fclose(f); return NULL; }
-    fclose(f);
-    b[n] = 0;
-    if (n_out) *n_out = n;
-    return b;
-}
-
 static int32_t *json_ids(const char *path, const char *key, int *n) {
-    char *t = slurp(path, NULL);
+    char *t = nbt_slurp(path, NULL);
     cJSON *j = t ? cJSON_Parse(t) : NULL;
     free(t);
     cJSON *a = j ? cJSON_GetObjectItem(j, key) : NULL;
@@ -65,8 +51,8 @@ int main(void) {
     int n_ids = 0, n_greedy = 0;
     int32_t *ids = json_ids(nbt_data("stories260K/reference/valid_chunk0.json"), "ids", &n_ids);
     CHECK_EQ_INT(n_ids, 512);
-    long nb = 0;
-    float *ref = (float *)slurp(nbt_data("stories260K/reference/valid_chunk0_logits_f32le.bin"), &nb);
+    size_t nb = 0;
+    float *ref = nbt_slurp(nbt_data("stories260K/reference/valid_chunk0_logits_f32le.bin"), &nb);
     CHECK_EQ_INT(nb, 512 * 512 * 4);
 
     nb_ctx *ctx = NULL;

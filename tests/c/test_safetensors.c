@@ -10,18 +10,6 @@
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static unsigned char *slurp(const char *path, long *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)*len + 1);
-    if (b && fread(b, 1, (size_t)*len, f) != (size_t)*len) { free(b); b = NULL; }
-    fclose(f);
-    return b;
-}
-
 static void spew(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) return;
@@ -31,13 +19,13 @@ static void spew(const char *path, const void *data, size_t n) {
 
 /* 1 if the two files have identical bytes; prints the first difference otherwise. */
 static int same_file(const char *a, const char *b) {
-    long la = -1, lb = -2;
-    unsigned char *x = slurp(a, &la), *y = slurp(b, &lb);
-    int same = x && y && la == lb && memcmp(x, y, (size_t)la) == 0;
+    size_t la = 0, lb = 0;
+    unsigned char *x = nbt_slurp(a, &la), *y = nbt_slurp(b, &lb);
+    int same = x && y && la == lb && memcmp(x, y, la) == 0;
     if (!same) {
-        fprintf(stderr, "files differ: %s (%ld bytes) vs %s (%ld bytes)\n", a, la, b, lb);
-        for (long i = 0; x && y && i < la && i < lb; i++)
-            if (x[i] != y[i]) { fprintf(stderr, "  first difference at byte %ld\n", i); break; }
+        fprintf(stderr, "files differ: %s (%zu bytes) vs %s (%zu bytes)\n", a, la, b, lb);
+        for (size_t i = 0; x && y && i < la && i < lb; i++)
+            if (x[i] != y[i]) { fprintf(stderr, "  first difference at byte %zu\n", i); break; }
     }
     free(x);
     free(y);
@@ -231,13 +219,13 @@ static void test_tv8(nb_ctx *ctx) {
     nb_st_writer_free(w);
     nb_tensor_release(in); nb_tensor_release(s2); nb_tensor_release(ws); nb_tensor_release(wt);
 
-    long n = 0;
-    unsigned char *got = slurp(path, &n);
+    size_t n = 0;
+    unsigned char *got = nbt_slurp(path, &n);
     CHECK_EQ_INT(n, 354);
     CHECK_MSG(got && n == 354 && memcmp(got, want, 354) == 0, "TV8 bytes differ");
     free(got);
     /* the safetensors package wrote the same bytes (gen_safetensors_golden.py) */
-    got = slurp(nbt_src("tests/golden/data/st_tv8.safetensors"), &n);
+    got = nbt_slurp(nbt_src("tests/golden/data/st_tv8.safetensors"), &n);
     CHECK_MSG(got && n == 354 && memcmp(got, want, 354) == 0, "package's TV8 file differs from FORMATS.md");
     free(got);
 
@@ -424,8 +412,8 @@ static void test_metadata(nb_ctx *ctx) {
     const char *path = tmp("meta.safetensors");
     CHECK_OK(ctx, nb_st_writer_write(ctx, w, path));   /* no tensors at all */
     nb_st_writer_free(w);
-    long n = 0;
-    unsigned char *b = slurp(path, &n);
+    size_t n = 0;
+    unsigned char *b = nbt_slurp(path, &n);
     static const char hdr[] = "{\"__metadata__\":{\"format\":\"np\",\"quant\":\"nvfp4\",\"empty\":\"\"}}";
     CHECK_EQ_INT(n, 8 + 64);   /* 60 header bytes padded to 64, no data */
     CHECK(b && n == 72 && b[0] == 64 && memcmp(b + 8, hdr, strlen(hdr)) == 0 && b[71] == ' ');
@@ -598,8 +586,8 @@ static void test_sharded_roundtrip(nb_ctx *ctx) {
     }
     char ipath[600];
     snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", dir);
-    long len = 0;
-    char *idx = (char *)slurp(ipath, &len);
+    size_t len = 0;
+    char *idx = nbt_slurp(ipath, &len);
     char want[128];
     snprintf(want, sizeof want, "{\n  \"metadata\": {\n    \"total_parameters\": 12345,\n    \"total_size\": %lld\n  },\n",
              (long long)total);
@@ -719,8 +707,8 @@ static void test_stories260k(nb_ctx *ctx) {
     nb_st_writer_free(w);
     /* The shared file was not written by the reference serializer (its __metadata__ comes last),
      * but its tensors are in reference order (all F32, by name): the byte buffers must be equal. */
-    long la = 0, lb = 0;
-    unsigned char *x = slurp(copy, &la), *y = slurp(path, &lb);
+    size_t la = 0, lb = 0;
+    unsigned char *x = nbt_slurp(copy, &la), *y = nbt_slurp(path, &lb);
     CHECK_EQ_INT(la, lb);
     CHECK(x && y && la == lb && la > 8 + 4856);
     if (x && y && la == lb && la > 8 + 4856) {

@@ -10,19 +10,6 @@
 
 #include "nbtest.h"
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)sz + 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
 static int ids_equal(const nb_tokens *t, const cJSON *arr) {
     if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != t->n) return 0;
     for (int64_t i = 0; i < t->n; i++)
@@ -42,7 +29,7 @@ static void print_ids(const char *what, const nb_tokens *t, const cJSON *arr) {
 /* Every synthetic tokenizer against HF tokenizers' ids, with and without special handling. */
 static void test_golden(nb_ctx *ctx) {
     size_t n = 0;
-    char *js = slurp(nbt_src("tests/golden/data/tokenizers/cases.json"), &n);
+    char *js = nbt_slurp(nbt_src("tests/golden/data/tokenizers/cases.json"), &n);
     CHECK(js != NULL);
     if (!js) return;
     cJSON *root = cJSON_ParseWithLength(js, n);

@@ -18,24 +18,11 @@
 
 static char tmpdir[256];
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)sz + 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
 static cJSON *read_json(const char *dir, const char *name) {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     size_t n = 0;
-    char *s = slurp(p, &n);
+    char *s = nbt_slurp(p, &n);
     cJSON *j = s ? cJSON_Parse(s) : NULL;
     free(s);
     return j;
@@ -60,7 +47,7 @@ static void load_texts(texts *tx) {
         char p[256];
         snprintf(p, sizeof p, "tokenizers/llama.cpp-vocab-tests/ggml-vocab-%s.gguf.inp", inp[k]);
         size_t n = 0;
-        char *all = slurp(nbt_data(p), &n);
+        char *all = nbt_slurp(nbt_data(p), &n);
         for (char *s = all;;) {
             char *e = strstr(s, sep);
             if (!e) break;
@@ -72,7 +59,7 @@ static void load_texts(texts *tx) {
     static const char *big[] = {"text/tinystories_valid_head_776KiB.txt", "text/brown_corpus_plain.txt"};
     for (int k = 0; k < 2; k++) {
         size_t n = 0;
-        char *all = slurp(nbt_data(big[k]), &n);
+        char *all = nbt_slurp(nbt_data(big[k]), &n);
         size_t cut = n < 200 * 1024 ? n : 200 * 1024;
         while (cut > 0 && all[cut - 1] != '\n') cut--;
         add_text(tx, all, cut);
@@ -201,7 +188,7 @@ static void check_spm_model(nb_ctx *ctx, const texts *tx) {
     const char *model = nbt_data("tokenizers/llama2-32k/tokenizer.model");
     check_case(ctx, "llama2-32k", model, tx);
     size_t n = 0;
-    char *d = slurp(model, &n);
+    char *d = nbt_slurp(model, &n);
     static const char spec[] = "identity\x12\x00\x18\x01\x20\x00";   /* ..., remove_extra_whitespaces: false */
     char *hit = NULL;
     for (size_t i = 0; d && i + sizeof(spec) - 1 <= n && !hit; i++)
@@ -249,9 +236,9 @@ static void check_vectors(nb_ctx *ctx, const char *name) {
     if (!j) return;
     snprintf(p, sizeof p, "tokenizers/llama.cpp-vocab-tests/ggml-vocab-%s.gguf.inp", name);
     size_t ni = 0, no = 0;
-    char *inp = slurp(nbt_data(p), &ni);
+    char *inp = nbt_slurp(nbt_data(p), &ni);
     snprintf(p, sizeof p, "tokenizers/llama.cpp-vocab-tests/ggml-vocab-%s.gguf.out", name);
-    char *outs = slurp(nbt_data(p), &no);
+    char *outs = nbt_slurp(nbt_data(p), &no);
     const char *sep = "\n__ggml_vocab_test__\n";
     int total = 0, equal = 0;
     for (char *s = inp, *o = outs;;) {
@@ -426,7 +413,7 @@ static void check_export(nb_ctx *ctx) {
     if (g && j) {
         CHECK(!strcmp(nb_tokenizer_kind(j), "bpe"));   /* really the tokenizer.json */
         size_t n = 0;
-        char *text = slurp(nbt_data("text/tinystories_valid_head_776KiB.txt"), &n);
+        char *text = nbt_slurp(nbt_data("text/tinystories_valid_head_776KiB.txt"), &n);
         nb_tokens a = {0}, b = {0};
         CHECK_OK(ctx, nb_tokenizer_encode(ctx, g, text, (int64_t)n, NB_TOK_ADD_SPECIAL, &a));
         CHECK_OK(ctx, nb_tokenizer_encode(ctx, j, text, (int64_t)n, NB_TOK_ADD_SPECIAL, &b));
@@ -468,7 +455,7 @@ static void check_export(nb_ctx *ctx) {
     snprintf(a, sizeof a, "%s/tokenizer.json", src);
     snprintf(b, sizeof b, "%s/tokenizer.json", out2);
     size_t na = 0, nb = 0;
-    char *da = slurp(a, &na), *db = slurp(b, &nb);
+    char *da = nbt_slurp(a, &na), *db = nbt_slurp(b, &nb);
     CHECK(da && db && na == nb && memcmp(da, db, na) == 0);
     free(da);
     free(db);

@@ -11,19 +11,6 @@
 
 #include "nbtest.h"
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)sz + 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
 static int same_ids(const nb_tokens *a, const nb_tokens *b) {
     return a->n == b->n && (a->n == 0 || memcmp(a->ids, b->ids, (size_t)a->n * sizeof(int32_t)) == 0);
 }
@@ -33,9 +20,9 @@ static int run_vectors(nb_ctx *ctx, const nb_tokenizer *tok, const char *name, i
     char p[256];
     snprintf(p, sizeof(p), "tokenizers/llama.cpp-vocab-tests/ggml-vocab-%s.gguf.inp", name);
     size_t ni = 0, no = 0;
-    char *inp = slurp(nbt_data(p), &ni);
+    char *inp = nbt_slurp(nbt_data(p), &ni);
     snprintf(p, sizeof(p), "tokenizers/llama.cpp-vocab-tests/ggml-vocab-%s.gguf.out", name);
-    char *outs = slurp(nbt_data(p), &no);
+    char *outs = nbt_slurp(nbt_data(p), &no);
     const char *sep = "\n__ggml_vocab_test__\n";
     char *s = inp, *o = outs;
     int equal = 0, total = 0, rt = 0;
@@ -192,7 +179,7 @@ static void test_json_vs_model(nb_ctx *ctx) {
         {"text/brown_corpus_plain.txt", 100 * 1024}, {"text/tinystories_valid_head_776KiB.txt", 0}};
     for (int k = 0; k < 2; k++) {
         size_t n = 0;
-        char *txt = slurp(nbt_data(texts[k].file), &n);
+        char *txt = nbt_slurp(nbt_data(texts[k].file), &n);
         if (texts[k].limit && n > texts[k].limit) {
             n = texts[k].limit;
             while (n > 0 && ((unsigned char)txt[n] & 0xC0) == 0x80) n--;   /* whole characters */
@@ -224,8 +211,8 @@ static void test_json_vs_model(nb_ctx *ctx) {
 /* stories260K: 393,019 tokens with BOS on the validation text, the first 512 as llama.cpp's. */
 static void test_stories(nb_ctx *ctx) {
     size_t n = 0, nr = 0;
-    char *txt = slurp(nbt_data("text/tinystories_valid_head_776KiB.txt"), &n);
-    char *ref = slurp(nbt_data("stories260K/reference/valid_chunk0.json"), &nr);
+    char *txt = nbt_slurp(nbt_data("text/tinystories_valid_head_776KiB.txt"), &n);
+    char *ref = nbt_slurp(nbt_data("stories260K/reference/valid_chunk0.json"), &nr);
     cJSON *rj = cJSON_ParseWithLength(ref, nr);
     const cJSON *rids = cJSON_GetObjectItem(rj, "ids");
     CHECK_EQ_INT(cJSON_GetArraySize(rids), 512);
@@ -268,7 +255,7 @@ static void test_stories(nb_ctx *ctx) {
 /* HF's ids with special tokens in the text, on the real vocabularies (tests/golden/gen_tokenizer_golden.py). */
 static void test_special_golden(nb_ctx *ctx) {
     size_t n = 0;
-    char *js = slurp(nbt_src("tests/golden/data/tokenizers/cases.json"), &n);
+    char *js = nbt_slurp(nbt_src("tests/golden/data/tokenizers/cases.json"), &n);
     CHECK(js != NULL);
     if (!js) return;
     cJSON *root = cJSON_ParseWithLength(js, n);
