@@ -14,39 +14,24 @@ end
 
 local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
 
+local SPEC = {
+  { "--model", "-m", key = "model", arg = "PATH" }, { "--prompt", "-p", key = "prompt", arg = "TEXT" },
+  { "-n", "--n-predict", key = "n", num = "int0" }, { "--temp", key = "temperature", num = "num0" },
+  { "--top-k", key = "top_k", num = "int0" }, { "--top-p", key = "top_p", num = "num0" },
+  { "--seed", key = "seed", num = "int0" }, { "--greedy", key = "greedy" }, { "--no-stop", key = "stop", set = false },
+  { "--ids", key = "ids" },
+}
+
 return function(args)
-  local o = { n = 128, temperature = 0.8, top_k = 40, top_p = 0.95, seed = 0 }
-  local model, greedy, ids, stop = nil, false, false, true
-  local i = 1
-  local nums = { ["-n"] = "n", ["--n-predict"] = "n", ["--temp"] = "temperature", ["--top-k"] = "top_k",
-                 ["--top-p"] = "top_p", ["--seed"] = "seed" }
-  while i <= #args do
-    local a = args[i]
-    local function value()
-      i = i + 1
-      return args[i]
-    end
-    if a == "--model" or a == "-m" then model = value(); if not model then return err("--model needs a PATH") end
-    elseif a == "--prompt" or a == "-p" then o.prompt = value(); if not o.prompt then return err("--prompt needs TEXT") end
-    elseif nums[a] then
-      local v = tonumber(value() or "")
-      if not v or v < 0 then return err(a .. " needs a non-negative number") end
-      o[nums[a]] = v
-    elseif a == "--greedy" then greedy = true
-    elseif a == "--no-stop" then stop = false
-    elseif a == "--ids" then ids = true
-    elseif a == "-h" or a == "--help" then io.stdout:write(USAGE); return 0
-    else
-      io.stderr:write("nibble generate: unknown argument ", a, "\n", USAGE)
-      return 1
-    end
-    i = i + 1
-  end
-  if not model then
+  local a, code = require("nibble.cli").parse("generate", USAGE, args, SPEC)
+  if not a then return code end
+  if not a.model then
     io.stderr:write(USAGE)
     return 1
   end
-  if o.n ~= math.floor(o.n) then return err("-n needs an integer") end
+  local o = { n = a.n or 128, temperature = a.temperature or 0.8, top_k = a.top_k or 40, top_p = a.top_p or 0.95,
+              seed = a.seed or 0, prompt = a.prompt }
+  local model, greedy, ids, stop = a.model, a.greedy, a.ids, a.stop ~= false
   local ok, m = pcall(nibble.model.load, model)
   if not ok then return err(clean(m)) end
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships

@@ -89,4 +89,68 @@ function M.main(cmd, args)
   return tonumber(code) or 1
 end
 
+-- parse(cmd, usage, argv, spec): the option parser every sub-command uses, so they all accept
+-- `--opt VALUE` and `--opt=VALUE` and say the same things about bad input. spec is a list of
+--   { "--long", "-s", key = "name", arg = "PATH" }          an option with a value (named in errors)
+--   { "--long", key = "name", num = "int+" | "int0" | "num0" } a number: positive integer,
+--                                                            non-negative integer, non-negative number
+--   { "--flag", key = "name", set = value }                  a flag (set defaults to true)
+--   { "--long", key = "name", list = "NAMES" }               a comma-separated list
+-- and spec.positional = "WHAT" accepts other non-option words into the result's array part.
+-- Returns the options table, or nil and the exit code after writing the usage or the error
+-- (`nibble CMD: MESSAGE`) itself: `local o, code = cli.parse(...); if not o then return code end`.
+local NUM = {
+  ["int+"] = { "a positive integer", function(v) return v % 1 == 0 and v >= 1 end },
+  ["int0"] = { "a non-negative integer", function(v) return v % 1 == 0 and v >= 0 end },
+  ["num0"] = { "a non-negative number", function(v) return v >= 0 end },
+}
+
+function M.parse(cmd, usage, argv, spec)
+  local by_name = {}
+  for _, opt in ipairs(spec) do
+    for _, name in ipairs(opt) do by_name[name] = opt end
+  end
+  local function fail(msg)
+    io.stderr:write("nibble ", cmd, ": ", msg, "\n")
+    return nil, 1
+  end
+  local o, i = {}, 1
+  while i <= #argv do
+    local a = argv[i]
+    local name, inline = a:match("^(%-%-[%w%-]+)=(.*)$")
+    name = name or a
+    local opt = by_name[name]
+    if a == "-h" or a == "--help" then
+      io.stdout:write(usage)
+      return nil, 0
+    elseif opt and (opt.arg or opt.num or opt.list) then
+      local v = inline
+      if v == nil then i = i + 1; v = argv[i] end
+      if opt.num then
+        local n, rule = tonumber(v or ""), NUM[opt.num]
+        if not n or n ~= n or n == math.huge or not rule[2](n) then
+          return fail(("%s needs %s%s"):format(name, rule[1], v and (", got " .. v) or ""))
+        end
+        v = n
+      elseif v == nil or v == "" then
+        return fail(("%s needs %s"):format(name, opt.arg and ("a " .. opt.arg) or ("a comma-separated list of " .. opt.list)))
+      elseif opt.list then
+        local t = {}
+        for x in v:gmatch("[^,]+") do t[#t + 1] = x end
+        v = t
+      end
+      o[opt.key] = v
+    elseif opt and inline == nil then
+      if opt.set == nil then o[opt.key] = true else o[opt.key] = opt.set end
+    elseif spec.positional and a:sub(1, 1) ~= "-" then
+      o[#o + 1] = a
+    else
+      io.stderr:write("nibble ", cmd, ": unknown argument ", a, "\n", usage)
+      return nil, 1
+    end
+    i = i + 1
+  end
+  return o
+end
+
 return M

@@ -148,29 +148,15 @@ local function panel(out, x0, y0, w, h, key, files, uselog)
   out[#out + 1] = "</g>"
 end
 
+local SPEC = {
+  { "--out", "-o", key = "out", arg = "FILE.svg" }, { "--keys", key = "keys", list = "metric names" },
+  { "--log", key = "log" }, { "--title", key = "title", arg = "TEXT" }, positional = "METRICS.jsonl",
+}
+
 return function(args)
-  local files, keys, out_path, uselog, title = {}, nil, nil, false, nil
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    if a == "--out" or a == "-o" then i = i + 1; out_path = args[i]
-    elseif a:match("^%-%-out=") then out_path = a:sub(7)
-    elseif a == "--keys" then
-      i = i + 1
-      if not args[i] then return err("--keys needs a comma-separated list") end
-      keys = {}
-      for k in args[i]:gmatch("[^,]+") do keys[#keys + 1] = k end
-    elseif a == "--log" then uselog = true
-    elseif a == "--title" then i = i + 1; title = args[i]
-    elseif a == "-h" or a == "--help" then io.stdout:write(USAGE); return 0
-    elseif a:sub(1, 1) == "-" then
-      io.stderr:write("nibble plot: unknown option ", a, "\n", USAGE)
-      return 1
-    else
-      files[#files + 1] = a
-    end
-    i = i + 1
-  end
+  local o, code = require("nibble.cli").parse("plot", USAGE, args, SPEC)
+  if not o then return code end
+  local files, keys, out_path, uselog, title = o, o.keys, o.out, o.log or false, o.title
   if #files == 0 or not out_path then
     io.stderr:write(USAGE)
     return 1

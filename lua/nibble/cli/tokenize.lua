@@ -16,30 +16,16 @@ end
 -- the library's message names the problem; the Lua position adds nothing for a CLI user
 local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
 
+local SPEC = {
+  { "--model", "-m", key = "model", arg = "PATH" }, { "--text", "-t", key = "text", arg = "TEXT" },
+  { "--file", "-f", key = "file", arg = "FILE" }, { "--count", key = "count" }, { "--tokens", key = "tokens" },
+  { "--no-bos", key = "bos", set = false }, { "--special", key = "special" },
+}
+
 return function(args)
-  local model, text, file, count, tokens, bos, special
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local function value()
-      i = i + 1
-      if args[i] == nil then return nil end
-      return args[i]
-    end
-    if a == "--model" or a == "-m" then model = value(); if not model then return err("--model needs a PATH") end
-    elseif a == "--text" or a == "-t" then text = value(); if not text then return err("--text needs a value") end
-    elseif a == "--file" or a == "-f" then file = value(); if not file then return err("--file needs a path") end
-    elseif a == "--count" then count = true
-    elseif a == "--tokens" then tokens = true
-    elseif a == "--no-bos" then bos = false
-    elseif a == "--special" then special = true
-    elseif a == "-h" or a == "--help" then io.stdout:write(USAGE); return 0
-    else
-      io.stderr:write("nibble tokenize: unknown argument ", a, "\n", USAGE)
-      return 1
-    end
-    i = i + 1
-  end
+  local o, code = require("nibble.cli").parse("tokenize", USAGE, args, SPEC)
+  if not o then return code end
+  local model, text, file, count, tokens, bos, special = o.model, o.text, o.file, o.count, o.tokens, o.bos, o.special
   if not model then
     io.stderr:write(USAGE)
     return 1
