@@ -102,6 +102,18 @@ typedef struct nb_linear_hook {
     nb_status (*input)(nb_ctx *ctx, void *user, float *x, int64_t rows, int64_t cols, int32_t pass);
 } nb_linear_hook;
 
+/* A hook on the keys and values of every attention layer: called once per layer and forward (and
+ * again, with NB_PASS_RECOMPUTE, when the backward recomputes the layer) with k and v as the attention
+ * and the KV cache get them: after the projections' biases, the q/k norm and RoPE (the tensors
+ * ModelOpt's k_bmm_quantizer / v_bmm_quantizer see). k and v are [rows = tokens, cols = n_kv_heads *
+ * head_dim]; the hook observes them (calibration) and/or modifies them in place (KV cache fake
+ * quant). Decoding with an nb_kv_cache stores the hooked values. The backward is straight-through. */
+typedef struct nb_kv_hook {
+    void *user;
+    nb_status (*kv)(nb_ctx *ctx, void *user, int64_t layer, float *k, float *v, int64_t rows, int64_t cols,
+                    int32_t pass);
+} nb_kv_hook;
+
 /* --- creating and loading -------------------------------------------------------------------- */
 
 /* Fill *cfg with a small valid llama config (the caller then edits fields). */
@@ -153,6 +165,9 @@ int nb_glob_match(const char *pattern, const char *name);
 nb_status nb_model_linear_info(nb_ctx *ctx, const nb_model *m, int64_t module, nb_linear_info *out);
 /* Install (copied) or clear (hook NULL) the hook of a linear module. */
 nb_status nb_model_set_linear_hook(nb_ctx *ctx, nb_model *m, int64_t module, const nb_linear_hook *hook);
+/* Install (copied) or clear (hook NULL, or hook->kv NULL) the model's K/V hook; off by default, and
+ * costs nothing when off. */
+nb_status nb_model_set_kv_hook(nb_ctx *ctx, nb_model *m, const nb_kv_hook *hook);
 
 /* --- forward ----------------------------------------------------------------------------------- */
 

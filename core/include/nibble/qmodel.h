@@ -56,16 +56,29 @@ nb_quantizer *nb_qmodel_input_quantizer(const nb_qmodel *qm, int64_t i);  /* bor
 nb_status nb_qmodel_fuse_siblings(nb_ctx *ctx, nb_qmodel *qm, int64_t *n_groups);
 
 /* --- calibration ---------------------------------------------------------------------------------
- * begin installs max observers on every enabled input quantizer (as input hooks); the caller then
- * runs forward passes over the calibration data; end calibrates every weight quantizer from the
- * master weights with `cfg` (max, mse or four_over_six), writes the observed input amaxes, and
- * removes the hooks. Input quantizers that saw no token stay uncalibrated and are listed. */
+ * begin installs max observers on every enabled input quantizer (as input hooks) and on the KV
+ * quantizers (the K/V hook); the caller then runs forward passes over the calibration data; end
+ * calibrates every weight quantizer from the master weights with `cfg` (max, mse or four_over_six),
+ * writes the observed input and K/V amaxes, and removes the hooks. Input quantizers that saw no token
+ * stay uncalibrated and are listed (by module name; KV quantizers by quantizer name). */
 nb_status nb_qmodel_calibrate_begin(nb_ctx *ctx, nb_qmodel *qm, const nb_calib_config *cfg);
 nb_status nb_qmodel_calibrate_end(nb_ctx *ctx, nb_qmodel *qm);
 /* Calibrate only the weights (weight-only formats need no data). */
 nb_status nb_qmodel_calibrate_weights(nb_ctx *ctx, nb_qmodel *qm, const nb_calib_config *cfg);
 int64_t nb_qmodel_uncovered_count(const nb_qmodel *qm);
 const char *nb_qmodel_uncovered(const nb_qmodel *qm, int64_t i);         /* module names */
+
+/* --- KV cache ---------------------------------------------------------------------------------- */
+/* Quantize what every attention layer's KV cache holds (format NB_FMT_FP8_TENSOR; NB_FMT_NONE turns
+ * it off): one per-tensor quantizer for the keys and one for the values of each layer, named as
+ * ModelOpt names them ("model.layers.N.self_attn.k_bmm_quantizer" / "v_bmm_quantizer"). They see K
+ * after RoPE and V (the model's K/V hook): calibration records their amax (max over all tokens and
+ * heads), fake quant quantizes them in the forward, the guard requires the amax, export writes
+ * k_scale / v_scale = amax / 448 (FORMATS §3.4) and the checkpoint saves them. */
+nb_status nb_qmodel_set_kv(nb_ctx *ctx, nb_qmodel *qm, int32_t format);
+int32_t nb_qmodel_kv_format(const nb_qmodel *qm);                       /* NB_FMT_NONE when off */
+/* Borrowed; NULL when off or out of range. which: 0 = keys, 1 = values. */
+nb_quantizer *nb_qmodel_kv_quantizer(const nb_qmodel *qm, int64_t layer, int32_t which);
 
 /* --- fake quant (QAD student, student eval) --------------------------------------------------- */
 /* on: every enabled quantizer fake-quantizes in the forward (weights once per forward, inputs per
@@ -74,7 +87,8 @@ nb_status nb_qmodel_set_fake(nb_ctx *ctx, nb_qmodel *qm, int32_t on);
 
 /* --- the export guard --------------------------------------------------------------------------- */
 /* NB_OK when every enabled quantizer is calibrated; else NB_ERR_UNCALIBRATED naming the first module
- * and attribute ("model.layers.0.self_attn.q_proj: weight_quantizer has no global_amax"). */
+ * and attribute ("model.layers.0.self_attn.q_proj: weight_quantizer has no global_amax";
+ * "model.layers.0.self_attn: k_bmm_quantizer ... has no calibrated amax" for the KV cache). */
 nb_status nb_qmodel_check(nb_ctx *ctx, const nb_qmodel *qm);
 
 /* --- export ----------------------------------------------------------------------------------- */
@@ -94,13 +108,15 @@ void nb_export_opts_init(nb_export_opts *o);
 /* Write the checkpoint into dir atomically: everything goes to a temporary sibling directory that
  * is renamed over dir at the end; on any failure nothing is left behind. */
 nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb_export_opts *opts);
-/* Modules the last export excluded because allow_uncalibrated was set. */
+/* Modules the last export excluded because allow_uncalibrated was set (and, when a K/V quantizer was
+ * uncalibrated, the KV quantizers by name: the export then carries no KV cache quantization at all). */
 int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm);
 const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i);
 
 /* --- nibble's own checkpoint ------------------------------------------------------------------ */
 /* One safetensors file: every master parameter ("param/<name>", F32), every quantizer state tensor
- * ("quant/<module>.<weight|input>_quantizer.<attr>", F32) and the specs in __metadata__. restore
+ * ("quant/<module>.<weight|input>_quantizer.<attr>", F32; "quant/model.layers.N.self_attn.
+ * <k|v>_bmm_quantizer.amax" for the KV cache) and the specs and KV format in __metadata__. restore
  * needs a qmodel over a model of the same architecture; it replaces specs, state and weights. */
 nb_status nb_qmodel_save(nb_ctx *ctx, const nb_qmodel *qm, const char *path);
 nb_status nb_qmodel_restore(nb_ctx *ctx, nb_qmodel *qm, const char *path);
@@ -129,5 +145,13 @@ nb_status nb_readback_probe(nb_ctx *ctx, nb_st *st, const char *module, nb_readb
  * module it consumed (scales, input scales) is set to 1. */
 nb_status nb_readback_weight(nb_ctx *ctx, nb_st *st, const char *module, int64_t rows, int64_t cols, float *out,
                              char *used);
+/* KV cache scales in an exported checkpoint: ModelOpt's "model.layers.N.self_attn.k_proj.k_scale" /
+ * "...v_proj.v_scale" (0-d F32) or compressed-tensors' "model.layers.N.self_attn.k_scale" / "v_scale".
+ * kv_scale_layer: the layer N a tensor name is such a scale of (which: 0 = K, 1 = V; may be NULL), or -1.
+ * kv_scale: layer N's K or V scale (amax / 448, as the loaders multiply the FP8 cache by it), and the
+ * layout it was found in; NB_ERR_NOT_FOUND when the checkpoint has none, NB_ERR_FORMAT when it is not
+ * one positive finite value. */
+int64_t nb_readback_kv_scale_layer(const char *name, int32_t *which);
+nb_status nb_readback_kv_scale(nb_ctx *ctx, nb_st *st, int64_t layer, int32_t which, float *scale, int32_t *layout);
 
 #endif

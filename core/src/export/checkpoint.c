@@ -61,6 +61,17 @@ nb_status nb_qmodel_save(nb_ctx *ctx, const nb_qmodel *qm, const char *path) {
     if (!s) s = nb_st_writer_meta(ctx, w, "arch", nb_model_arch_name(qm->m));
     if (!s) s = nb_st_writer_meta(ctx, w, "fused", any_grouped(qm) ? "1" : "0");
     if (!s) s = nb_st_writer_meta(ctx, w, "specs", specs_text);
+    if (!s && qm->kv_format != NB_FMT_NONE) {
+        /* the KV cache format, and which of its quantizers are on ("kv_enabled": one 0/1 per K, V of each layer) */
+        char fmt[16], *en = malloc((size_t)(2 * qm->n_layers + 1));
+        if (!en) s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+        for (int64_t k = 0; en && k < 2 * qm->n_layers; k++) en[k] = nb_quantizer_enabled(qm->kvq[k]) ? '1' : '0';
+        if (en) en[2 * qm->n_layers] = 0;
+        snprintf(fmt, sizeof fmt, "%d", (int)qm->kv_format);
+        if (!s) s = nb_st_writer_meta(ctx, w, "kv_format", fmt);
+        if (!s) s = nb_st_writer_meta(ctx, w, "kv_enabled", en);
+        free(en);
+    }
     free(specs_text);
     for (int64_t p = 0; p < nb_model_param_count(qm->m) && !s; p++) {
         char name[1200];
@@ -71,6 +82,7 @@ nb_status nb_qmodel_save(nb_ctx *ctx, const nb_qmodel *qm, const char *path) {
         s = add_state(ctx, w, qm->mods[i].wq);
         if (!s) s = add_state(ctx, w, qm->mods[i].iq);
     }
+    for (int64_t k = 0; !s && qm->kvq && k < 2 * qm->n_layers; k++) s = add_state(ctx, w, qm->kvq[k]);
     if (!s) s = nb_st_writer_write(ctx, w, path);
     nb_st_writer_free(w);
     return s;
@@ -149,6 +161,16 @@ nb_status nb_qmodel_restore(nb_ctx *ctx, nb_qmodel *qm, const char *path) {
     for (int64_t i = 0; !s && i < qm->n; i++) {
         s = restore_state(ctx, st, qm->mods[i].wq);
         if (!s) s = restore_state(ctx, st, qm->mods[i].iq);
+    }
+    /* the KV cache (a checkpoint without kv_format has none) */
+    const char *kvf = nb_st_metadata(st, "kv_format"), *kve = nb_st_metadata(st, "kv_enabled");
+    if (!s) s = nb_qmodel_set_kv(ctx, qm, kvf ? atoi(kvf) : NB_FMT_NONE);
+    if (!s && kvf && kve && (int64_t)strlen(kve) != 2 * qm->n_layers)
+        s = nb_fail(ctx, NB_ERR_FORMAT, "%s: kv_enabled has %zu flags for %lld layers", path, strlen(kve),
+                    (long long)qm->n_layers);
+    for (int64_t k = 0; !s && qm->kvq && k < 2 * qm->n_layers; k++) {
+        if (kve) nb_quantizer_set_enabled(qm->kvq[k], kve[k] == '1');
+        s = restore_state(ctx, st, qm->kvq[k]);
     }
     cJSON_Delete(specs);
     nb_st_close(st);

@@ -195,10 +195,14 @@ typedef struct export_plan {
     int64_t n_quant;
     char **unq_names;     /* linear modules left unquantized (have a "quantizer" in ModelOpt's sense) */
     int64_t n_unq;
-    const char *algo;     /* single algo, or "MIXED_PRECISION" */
+    const char *algo;     /* single algo, or "MIXED_PRECISION"; NULL when only the KV cache is quantized */
     int group_size;       /* for the single-algo case */
     int mixed;
+    int kv;               /* the KV cache is quantized (FP8): k_scale / v_scale written */
 } export_plan;
+
+/* kv_cache_quant_algo of a KV format (only FP8 exists in nibble) */
+static const char *kv_algo_of(int32_t fmt) { return fmt == NB_FMT_FP8_TENSOR ? "FP8" : NULL; }
 
 static cJSON *modelopt_hf_quant_config(const nb_qmodel *qm, const export_plan *p, const int *included, strset *excl) {
     cJSON *root = cJSON_CreateObject();
@@ -206,8 +210,11 @@ static cJSON *modelopt_hf_quant_config(const nb_qmodel *qm, const export_plan *p
     cJSON_AddStringToObject(prod, "name", "nibble");
     cJSON_AddStringToObject(prod, "version", nb_version());
     cJSON *q = cJSON_AddObjectToObject(root, "quantization");
-    cJSON_AddStringToObject(q, "quant_algo", p->algo);
-    cJSON_AddNullToObject(q, "kv_cache_quant_algo");
+    if (p->algo) cJSON_AddStringToObject(q, "quant_algo", p->algo);
+    else cJSON_AddNullToObject(q, "quant_algo");
+    /* get_quant_config: the key is always there, "FP8" when the attention's k/v_bmm_quantizers are on */
+    if (p->kv) cJSON_AddStringToObject(q, "kv_cache_quant_algo", kv_algo_of(qm->kv_format));
+    else cJSON_AddNullToObject(q, "kv_cache_quant_algo");
     if (p->mixed) {
         cJSON *layers = cJSON_AddObjectToObject(q, "quantized_layers");
         for (int64_t i = 0; i < qm->n; i++) {
@@ -276,7 +283,7 @@ static cJSON *modelopt_quantization_config(const nb_qmodel *qm, const export_pla
             snprintf(key, sizeof key, "group_%d", k);
             cJSON_AddItemToObject(groups, key, g);
         }
-    } else if (!strcmp(p->algo, "FP8") || !strcmp(p->algo, "NVFP4") || !strcmp(p->algo, "W4A16_NVFP4")) {
+    } else if (p->algo && (!strcmp(p->algo, "FP8") || !strcmp(p->algo, "NVFP4") || !strcmp(p->algo, "W4A16_NVFP4"))) {
         cJSON *g = modelopt_group(p->algo, p->group_size);
         cJSON *t = cJSON_AddArrayToObject(g, "targets");
         cJSON_AddItemToArray(t, cJSON_CreateString("Linear"));
@@ -301,7 +308,14 @@ static cJSON *modelopt_quantization_config(const nb_qmodel *qm, const export_pla
     cJSON *ign = cJSON_AddArrayToObject(qc, "ignore");
     if (!p->mixed)
         for (int64_t i = 0; i < excl->n; i++) cJSON_AddItemToArray(ign, cJSON_CreateString(excl->v[i]));
-    cJSON_AddStringToObject(qc, "quant_algo", p->algo);
+    if (p->algo) cJSON_AddStringToObject(qc, "quant_algo", p->algo);
+    if (p->kv) {
+        /* convert_hf_quant_config_format: kv_cache_quant_algo "FP8" becomes this scheme */
+        cJSON *kv = cJSON_AddObjectToObject(qc, "kv_cache_scheme");
+        cJSON_AddFalseToObject(kv, "dynamic");
+        cJSON_AddNumberToObject(kv, "num_bits", 8);
+        cJSON_AddStringToObject(kv, "type", "float");
+    }
     cJSON *prod = cJSON_AddObjectToObject(qc, "producer");
     cJSON_AddStringToObject(prod, "name", "nibble");
     cJSON_AddStringToObject(prod, "version", nb_version());
@@ -348,7 +362,7 @@ static const char *ct_format_name(int32_t fmt) {
     }
 }
 
-static cJSON *ct_quantization_config(const nb_qmodel *qm, const int *included) {
+static cJSON *ct_quantization_config(const nb_qmodel *qm, const int *included, int kv) {
     cJSON *qc = cJSON_CreateObject();
     cJSON *groups = cJSON_AddObjectToObject(qc, "config_groups");
     /* one group per distinct (weight format, input format); targets: "Linear" for a single group
@@ -389,7 +403,19 @@ static cJSON *ct_quantization_config(const nb_qmodel *qm, const int *included) {
     cJSON *ign = cJSON_AddArrayToObject(qc, "ignore");
     for (int64_t i = 0; i < qm->n; i++)
         if (!included[i]) cJSON_AddItemToArray(ign, cJSON_CreateString(qm->mods[i].name));
-    cJSON_AddNullToObject(qc, "kv_cache_scheme");
+    if (kv) {
+        /* llm-compressor's FP8 KV cache: static per-tensor FP8 scales on each attention module */
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddFalseToObject(a, "dynamic");
+        cJSON_AddNullToObject(a, "group_size");
+        cJSON_AddNumberToObject(a, "num_bits", 8);
+        cJSON_AddStringToObject(a, "strategy", "tensor");
+        cJSON_AddTrueToObject(a, "symmetric");
+        cJSON_AddStringToObject(a, "type", "float");
+        cJSON_AddItemToObject(qc, "kv_cache_scheme", a);
+    } else {
+        cJSON_AddNullToObject(qc, "kv_cache_scheme");
+    }
     cJSON_AddStringToObject(qc, "quant_method", "compressed-tensors");
     cJSON_AddStringToObject(qc, "quantization_status", "compressed");
     return qc;
@@ -540,8 +566,8 @@ static nb_status add_skipped(nb_ctx *ctx, nb_qmodel *qm, const char *name) {
     return NB_OK;
 }
 
-/* Which modules ship quantized; the guard (or allow_uncalibrated) decides. */
-static nb_status decide(nb_ctx *ctx, nb_qmodel *qm, const nb_export_opts *o, int *included) {
+/* Which modules ship quantized, and whether the KV cache does; the guard (or allow_uncalibrated) decides. */
+static nb_status decide(nb_ctx *ctx, nb_qmodel *qm, const nb_export_opts *o, int *included, int *kv) {
     for (int64_t i = 0; i < qm->n_skipped; i++) free(qm->skipped[i]);
     free(qm->skipped);
     qm->skipped = NULL;
@@ -559,6 +585,28 @@ static nb_status decide(nb_ctx *ctx, nb_qmodel *qm, const nb_export_opts *o, int
             return s;
         }
     }
+    /* the KV cache: one dtype for every layer (vLLM, ModelOpt), so all layers' scales or none */
+    *kv = 0;
+    int n_on = 0, n_missing = 0;
+    for (int64_t k = 0; qm->kvq && k < 2 * qm->n_layers; k++) n_on += nb_quantizer_enabled(qm->kvq[k]) != 0;
+    if (n_on == 0) return NB_OK;
+    for (int64_t k = 0; k < 2 * qm->n_layers; k++) {
+        if (!nb_quantizer_enabled(qm->kvq[k])) {
+            char attn[200];
+            nb_qmodel_attn_name(k / 2, attn, sizeof attn);
+            return nb_fail(ctx, NB_ERR_INVALID, "%s: %c_bmm_quantizer is disabled while other layers quantize the KV "
+                           "cache (the KV cache has one dtype in every layer)", attn, k % 2 ? 'v' : 'k');
+        }
+        nb_status s = nb_qmodel_check_kv(ctx, qm, k);
+        if (s == NB_ERR_UNCALIBRATED && o->allow_uncalibrated) {
+            n_missing++;
+            nb_ctx_clear_error(ctx);
+            if ((s = add_skipped(ctx, qm, nb_quantizer_name(qm->kvq[k])))) return s;
+        } else if (s) {
+            return s;
+        }
+    }
+    *kv = n_missing == 0;
     return NB_OK;
 }
 
@@ -613,7 +661,29 @@ static nb_status write_gguf_tokenizer(nb_ctx *ctx, const char *gguf_path, const 
     return s;
 }
 
-static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb_export_opts *o, const int *included) {
+/* k_scale / v_scale of every layer: ModelOpt puts them on k_proj / v_proj as 0-d F32 (its
+ * _KV_CACHE_REPLACEMENTS: k_bmm_quantizer._amax -> k_proj.k_scale = amax / 448); llm-compressor on the
+ * attention module (self_attn.k_scale), [1], here F32 like nibble's other compressed-tensors FP8 scales. */
+static nb_status add_kv_scales(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm, const nb_export_opts *o) {
+    int ct = o->layout == NB_LAYOUT_COMPRESSED_TENSORS;
+    nb_status s = NB_OK;
+    for (int64_t k = 0; !s && k < 2 * qm->n_layers; k++) {
+        char attn[200], name[300];
+        float sc;
+        nb_qmodel_attn_name(k / 2, attn, sizeof attn);
+        if (ct) snprintf(name, sizeof name, "%s.%c_scale", attn, k % 2 ? 'v' : 'k');
+        else snprintf(name, sizeof name, "%s.%s", attn, k % 2 ? "v_proj.v_scale" : "k_proj.k_scale");
+        nb_tensor *t = NULL;
+        s = nb_quantizer_scale(ctx, qm->kvq[k], &sc);
+        if (!s) s = scalar_f32(ctx, sc, ct ? 1 : 0, ct ? ct_fp8_scale_dtype() : NB_F32, &t);
+        if (!s) s = nb_st_writer_add(ctx, w, name, t);
+        nb_tensor_release(t);
+    }
+    return s;
+}
+
+static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb_export_opts *o, const int *included,
+                           int kv) {
     nb_status s = NB_OK;
     /* map weight parameters to their quantized module */
     int64_t np = nb_model_param_count(qm->m);
@@ -637,6 +707,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
         nb_tensor_release(c);
     }
     free(owner);
+    if (!s && kv) s = add_kv_scales(ctx, w, qm, o);
     if (!s) s = nb_st_writer_write_sharded(ctx, w, tmp, o->max_shard_bytes > 0 ? o->max_shard_bytes : 10000000000LL);
     nb_st_writer_free(w);
     if (s) return s;
@@ -657,6 +728,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
         }
     }
     if (p.mixed) p.algo = "MIXED_PRECISION";
+    p.kv = kv;
     /* ModelOpt lists every module that carries a quantizer, disabled ones included, and it puts
      * (disabled) quantizers on embeddings too: model.embed_tokens is in its exclude_modules */
     int64_t n_emb = 0;
@@ -694,7 +766,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
     if (!s && !config) config = synth_config(qm, main_dt);
     if (!s && config) {
         cJSON_DeleteItemFromObject(config, "quantization_config");
-        int quantized = p.n_quant > 0;
+        int quantized = p.n_quant > 0 || p.kv;
         if (o->layout == NB_LAYOUT_MODELOPT) {
             if (quantized) {
                 cJSON *hq = modelopt_hf_quant_config(qm, &p, included, &excl);
@@ -706,7 +778,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
             join_path(path, sizeof path, tmp, "config.json");
             if (!s && nb_json_py_write_file(path, config, 4, 0, 0) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot write %s", path);
         } else {
-            if (quantized) cJSON_AddItemToObject(config, "quantization_config", ct_quantization_config(qm, included));
+            if (quantized) cJSON_AddItemToObject(config, "quantization_config", ct_quantization_config(qm, included, p.kv));
             join_path(path, sizeof path, tmp, "config.json");
             if (nb_json_py_write_file(path, config, 2, 1, 1) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot write %s", path);
         }
@@ -735,7 +807,8 @@ nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb
         return nb_fail(ctx, NB_ERR_INVALID, "unknown export layout %d", o.layout);
     int *included = calloc((size_t)(qm->n + 1), sizeof *included);
     if (!included) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
-    nb_status s = decide(ctx, qm, &o, included);
+    int kv = 0;
+    nb_status s = decide(ctx, qm, &o, included, &kv);
     if (s) { free(included); return s; }
 
     size_t L = strlen(dir);
@@ -748,7 +821,7 @@ nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb
         free(included);
         return nb_fail(ctx, NB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     }
-    s = write_all(ctx, qm, tmp, &o, included);
+    s = write_all(ctx, qm, tmp, &o, included, kv);
     free(included);
     if (s) { rm_rf(tmp); return s; }
     char target[4096];

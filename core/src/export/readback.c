@@ -175,3 +175,34 @@ done:
     nb_tensor_release(tmp);
     return s;
 }
+
+/* ---- KV cache scales ------------------------------------------------------------------------- */
+
+int64_t nb_readback_kv_scale_layer(const char *name, int32_t *which) {
+    long long l;
+    int used = 0;
+    if (sscanf(name, "model.layers.%lld.self_attn.%n", &l, &used) != 1 || used == 0 || l < 0) return -1;
+    const char *rest = name + used;
+    static const char *const forms[4] = {"k_proj.k_scale", "v_proj.v_scale", "k_scale", "v_scale"};
+    for (int f = 0; f < 4; f++)
+        if (!strcmp(rest, forms[f])) {
+            if (which) *which = f % 2;
+            return (int64_t)l;
+        }
+    return -1;
+}
+
+nb_status nb_readback_kv_scale(nb_ctx *ctx, nb_st *st, int64_t layer, int32_t which, float *scale, int32_t *layout) {
+    char attn[200];
+    snprintf(attn, sizeof attn, "model.layers.%lld.self_attn", (long long)layer);
+    const char *mo = which ? "v_proj.v_scale" : "k_proj.k_scale", *ct = which ? "v_scale" : "k_scale";
+    int is_ct = entry(st, attn, mo, NULL) == NULL;
+    if (is_ct && !entry(st, attn, ct, NULL))
+        return nb_fail(ctx, NB_ERR_NOT_FOUND, "%s has no %s (nor %s)", attn, mo, ct);
+    if (layout) *layout = is_ct ? NB_LAYOUT_COMPRESSED_TENSORS : NB_LAYOUT_MODELOPT;
+    nb_status s = read_scalar(ctx, st, attn, is_ct ? ct : mo, scale);
+    if (!s && !(*scale > 0.0f && *scale < 3.4e38f))
+        s = nb_fail(ctx, NB_ERR_FORMAT, "%s.%s is %g: a KV cache scale must be positive and finite", attn, is_ct ? ct : mo,
+                    (double)*scale);
+    return s;
+}

@@ -124,6 +124,7 @@ struct nb_model {
     int32_t recompute;          /* NB_RECOMPUTE_* */
     int64_t act_budget;         /* bytes, for NB_RECOMPUTE_AUTO */
     int32_t kept_all;           /* the last train forward kept every layer's activations */
+    nb_kv_hook kv_hook;         /* K/V hook (kv NULL: none), see nb_model_set_kv_hook */
     /* training state of the last forward(train = 1) */
     int32_t have_train;
     int64_t tB, tT, tstart;

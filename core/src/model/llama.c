@@ -67,6 +67,14 @@ static void lin_bwd(nb_ctx *ctx, nb_model *m, const nb_linear *lin, const float 
                      nb_model_gdata(m, lin->pb), n, lin->in, lin->out);
 }
 
+nb_status nb_model_set_kv_hook(nb_ctx *ctx, nb_model *m, const nb_kv_hook *hook) {
+    (void)ctx;
+    if (!hook || !hook->kv) memset(&m->kv_hook, 0, sizeof m->kv_hook);
+    else m->kv_hook = *hook;
+    m->have_train = 0;   /* activations saved under another hook no longer match */
+    return NB_OK;
+}
+
 /* ---- activation records -------------------------------------------------------------------- */
 
 /* Lays out one layer's activation record for B x T tokens; with A NULL only returns its size
@@ -174,6 +182,13 @@ static nb_status layer_fwd(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A,
     }
     if ((s = nb_op_rope_fwd(ctx, A->q, N, e->T, H, hd, e->cos_t, e->sin_t))) return s;
     if ((s = nb_op_rope_fwd(ctx, A->k, N, e->T, KVH, hd, e->cos_t, e->sin_t))) return s;
+    if (m->kv_hook.kv) {
+        /* what the attention reads and a KV cache stores: quantized keys/values, observed or fake-quantized */
+        if ((s = m->kv_hook.kv(ctx, m->kv_hook.user, l, A->k, A->v, N, KVH * hd, e->pass))) {
+            if (!nb_ctx_last_error(ctx)[0]) nb_fail(ctx, s, "K/V hook of layer %lld failed", (long long)l);
+            return s;
+        }
+    }
 
     nb_attn_dims ad = {e->B, e->T, e->T, e->T, H, KVH, hd, 0, L->window, (float)(1.0 / sqrt((double)hd))};
     const float *K = A->k, *V = A->v;

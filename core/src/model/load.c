@@ -164,6 +164,7 @@ static const char *unused_tensor(src_t *S) {
         if (S->used[i]) continue;
         const char *n = S->is_gguf ? nb_gguf_tensor_at(S->g, i)->name : nb_st_entry_at(S->st, i)->name;
         if (strstr(n, "rotary_emb.inv_freq")) continue;
+        if (!S->is_gguf && nb_readback_kv_scale_layer(n, NULL) >= 0) continue;   /* KV cache scales: nibble.qmodel reads them */
         return n;
     }
     return NULL;

@@ -40,6 +40,9 @@ nb_status nb_qmodel_new(nb_ctx *ctx, nb_model *m, nb_qmodel **out) {
     nb_qmodel *qm = calloc(1, sizeof *qm);
     if (!qm) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (qmodel)");
     qm->m = m;
+    qm->ctx = ctx;
+    qm->kv_format = NB_FMT_NONE;
+    qm->n_layers = nb_model_get_config(m)->n_layers;
     int64_t nmod = nb_model_module_count(m);
     qm->mods = calloc((size_t)(nmod > 0 ? nmod : 1), sizeof *qm->mods);
     if (!qm->mods) { free(qm); return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (qmodel modules)"); }
@@ -66,8 +69,21 @@ static void free_list(char **list, int64_t n) {
     free(list);
 }
 
+static void drop_kv(nb_qmodel *qm) {
+    for (int64_t k = 0; qm->kvq && k < 2 * qm->n_layers; k++) nb_quantizer_release(qm->kvq[k]);
+    for (int64_t k = 0; qm->kvcalib && k < 2 * qm->n_layers; k++)
+        if (qm->kvcalib[k]) nb_calib_free(qm->kvcalib[k]);
+    free(qm->kvq);
+    free(qm->kvcalib);
+    qm->kvq = NULL;
+    qm->kvcalib = NULL;
+    qm->kv_format = NB_FMT_NONE;
+}
+
 void nb_qmodel_free(nb_qmodel *qm) {
     if (!qm) return;
+    if (qm->kv_hook_installed) nb_model_set_kv_hook(qm->ctx, qm->m, NULL);
+    drop_kv(qm);
     for (int64_t i = 0; i < qm->n; i++) {
         nb_qmod *q = &qm->mods[i];
         if (qm->hooks_installed) nb_model_set_linear_hook(q->ctx, qm->m, q->module, NULL);
@@ -82,7 +98,7 @@ void nb_qmodel_free(nb_qmodel *qm) {
 }
 
 void nb_qmodel_detach(nb_qmodel *qm) {
-    if (qm) qm->hooks_installed = 0;
+    if (qm) qm->hooks_installed = qm->kv_hook_installed = 0;
 }
 
 nb_model *nb_qmodel_model(const nb_qmodel *qm) { return qm->m; }
@@ -174,6 +190,52 @@ nb_status nb_qmodel_set(nb_ctx *ctx, nb_qmodel *qm, const char *name, const nb_q
     if (spec->weight_format == NB_FMT_NVFP4_46) q->spec.weight_static = 1;
     set_reason(q, NULL);
     return NB_OK;
+}
+
+/* ---- the KV cache ---------------------------------------------------------------------------- */
+
+void nb_qmodel_attn_name(int64_t layer, char *buf, size_t cap) {
+    snprintf(buf, cap, "model.layers.%lld.self_attn", (long long)layer);
+}
+
+nb_status nb_qmodel_set_kv(nb_ctx *ctx, nb_qmodel *qm, int32_t format) {
+    if (qm->calibrating) return nb_fail(ctx, NB_ERR_INVALID, "KV cache quantization cannot change during calibration");
+    if (format != NB_FMT_NONE && format != NB_FMT_FP8_TENSOR) {
+        const nb_qformat_traits *t = nb_qformat_info((nb_qformat)format);
+        return nb_fail(ctx, NB_ERR_INVALID, "KV cache format %s is not supported (only fp8: one FP8 E4M3 scale per "
+                       "layer for K and for V, ModelOpt's FP8 KV cache)", t ? t->name : "?");
+    }
+    /* the old quantizers' fake quant goes with them (set_fake again after this) */
+    if (qm->kv_hook_installed) {
+        nb_model_set_kv_hook(ctx, qm->m, NULL);
+        qm->kv_hook_installed = 0;
+    }
+    drop_kv(qm);
+    if (format == NB_FMT_NONE) return NB_OK;
+    int64_t n = 2 * qm->n_layers;
+    qm->kvq = calloc((size_t)(n > 0 ? n : 1), sizeof *qm->kvq);
+    qm->kvcalib = calloc((size_t)(n > 0 ? n : 1), sizeof *qm->kvcalib);
+    if (!qm->kvq || !qm->kvcalib) { drop_kv(qm); return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (KV quantizers)"); }
+    nb_quantizer_config c;
+    nb_quantizer_config_init(&c, (nb_qformat)format);
+    c.fp8_div_dtype = NB_F32;   /* activations: no weight-dtype rounding of the scale (FORMATS §6.4 is weights only) */
+    c.is_static = 0;
+    for (int64_t k = 0; k < n; k++) {
+        char name[256], attn[200];
+        nb_qmodel_attn_name(k / 2, attn, sizeof attn);
+        snprintf(name, sizeof name, "%s.%c_bmm_quantizer", attn, k % 2 ? 'v' : 'k');
+        nb_status s = nb_quantizer_new(ctx, name, &c, &qm->kvq[k]);
+        if (s) { drop_kv(qm); return s; }
+    }
+    qm->kv_format = format;
+    return NB_OK;
+}
+
+int32_t nb_qmodel_kv_format(const nb_qmodel *qm) { return qm->kv_format; }
+
+nb_quantizer *nb_qmodel_kv_quantizer(const nb_qmodel *qm, int64_t layer, int32_t which) {
+    if (!qm->kvq || layer < 0 || layer >= qm->n_layers || (which != 0 && which != 1)) return NULL;
+    return qm->kvq[2 * layer + which];
 }
 
 /* ---- fused siblings ------------------------------------------------------------------------- */
@@ -278,7 +340,37 @@ static nb_status hook_input_observe(nb_ctx *ctx, void *user, float *x, int64_t r
     return s;
 }
 
+/* The K/V hook: observe (calibrating) or fake-quantize (fake on) layer l's keys and values. */
+static nb_status hook_kv(nb_ctx *ctx, void *user, int64_t layer, float *k, float *v, int64_t rows, int64_t cols,
+                         int32_t pass) {
+    nb_qmodel *qm = user;
+    if (!qm->kvq || layer < 0 || layer >= qm->n_layers) return NB_OK;
+    for (int w = 0; w < 2; w++) {
+        nb_quantizer *q = qm->kvq[2 * layer + w];
+        nb_calib *c = qm->kvcalib[2 * layer + w];
+        if (qm->calibrating ? (pass == NB_PASS_RECOMPUTE || !c) : !nb_quantizer_enabled(q)) continue;
+        nb_tensor *t = NULL;
+        nb_status s = wrap_f32(ctx, w ? v : k, rows, cols, &t);
+        if (!s) s = qm->calibrating ? nb_calib_collect(ctx, c, t) : nb_quantizer_fake(ctx, q, t, t);
+        nb_tensor_release(t);
+        if (s) return s;
+    }
+    return NB_OK;
+}
+
+static nb_status install_kv_hook(nb_ctx *ctx, nb_qmodel *qm) {
+    nb_kv_hook h = {qm, hook_kv};
+    nb_status s = nb_model_set_kv_hook(ctx, qm->m, &h);
+    if (!s) qm->kv_hook_installed = 1;
+    return s;
+}
+
 static nb_status clear_hooks(nb_ctx *ctx, nb_qmodel *qm) {
+    if (qm->kv_hook_installed) {
+        nb_status s = nb_model_set_kv_hook(ctx, qm->m, NULL);
+        if (s) return s;
+        qm->kv_hook_installed = 0;
+    }
     for (int64_t i = 0; i < qm->n; i++) {
         nb_status s = nb_model_set_linear_hook(ctx, qm->m, qm->mods[i].module, NULL);
         if (s) return s;
@@ -307,6 +399,13 @@ nb_status nb_qmodel_set_fake(nb_ctx *ctx, nb_qmodel *qm, int32_t on) {
         if ((s = nb_model_set_linear_hook(ctx, qm->m, q->module, &h))) return s;
         qm->hooks_installed = 1;
     }
+    int any_kv = 0;
+    for (int64_t k = 0; qm->kvq && k < 2 * qm->n_layers; k++) {
+        if (!nb_quantizer_enabled(qm->kvq[k])) continue;
+        if ((s = nb_qmodel_check_kv(ctx, qm, k))) return s;
+        any_kv = 1;
+    }
+    if (any_kv && (s = install_kv_hook(ctx, qm))) return s;
     qm->fake = 1;
     return NB_OK;
 }
@@ -336,6 +435,14 @@ nb_status nb_qmodel_calibrate_begin(nb_ctx *ctx, nb_qmodel *qm, const nb_calib_c
         if ((s = nb_model_set_linear_hook(ctx, qm->m, q->module, &h))) return s;
         qm->hooks_installed = 1;
     }
+    int any_kv = 0;
+    for (int64_t k = 0; qm->kvq && k < 2 * qm->n_layers; k++) {
+        if (!nb_quantizer_enabled(qm->kvq[k])) continue;
+        if ((s = nb_quantizer_clear_state(ctx, qm->kvq[k], NULL))) return s;
+        if ((s = nb_calib_new(ctx, qm->kvq[k], &max_cfg, &qm->kvcalib[k]))) return s;
+        any_kv = 1;
+    }
+    if (any_kv && (s = install_kv_hook(ctx, qm))) return s;
     qm->calibrating = 1;
     return NB_OK;
 }
@@ -384,6 +491,22 @@ nb_status nb_qmodel_calibrate_end(nb_ctx *ctx, nb_qmodel *qm) {
         nb_calib_free(q->icalib);
         q->icalib = NULL;
     }
+    for (int64_t k = 0; qm->kvcalib && k < 2 * qm->n_layers; k++) {
+        nb_calib *c = qm->kvcalib[k];
+        if (!c) continue;
+        if (!s && nb_calib_batches(c) > 0) {
+            s = nb_calib_finish(ctx, c);
+        } else if (!s) {
+            char **grown = realloc(qm->uncovered, (size_t)(qm->n_uncovered + 1) * sizeof *grown);
+            if (!grown) s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+            else {
+                qm->uncovered = grown;
+                qm->uncovered[qm->n_uncovered++] = dupstr(nb_quantizer_name(qm->kvq[k]));
+            }
+        }
+        nb_calib_free(c);
+        qm->kvcalib[k] = NULL;
+    }
     qm->calibrating = 0;
     nb_status s2 = clear_hooks(ctx, qm);
     if (s) return s;
@@ -410,9 +533,25 @@ nb_status nb_qmodel_check_module(nb_ctx *ctx, const nb_qmod *q) {
     return NB_OK;
 }
 
+nb_status nb_qmodel_check_kv(nb_ctx *ctx, const nb_qmodel *qm, int64_t k) {
+    const nb_quantizer *q = qm->kvq ? qm->kvq[k] : NULL;
+    const char *miss;
+    if (!q || !nb_quantizer_enabled(q) || !(miss = nb_quantizer_missing(q))) return NB_OK;
+    char attn[200];
+    nb_qmodel_attn_name(k / 2, attn, sizeof attn);
+    return nb_fail(ctx, NB_ERR_UNCALIBRATED, "%s: %c_bmm_quantizer (FP8 KV cache, %c_scale) is enabled but has no "
+                   "calibrated %s (KV cache scales come from calibration forward passes: calibrate on data, or export "
+                   "with allow_uncalibrated = true to leave the KV cache unquantized)", attn, k % 2 ? 'v' : 'k',
+                   k % 2 ? 'v' : 'k', miss);
+}
+
 nb_status nb_qmodel_check(nb_ctx *ctx, const nb_qmodel *qm) {
     for (int64_t i = 0; i < qm->n; i++) {
         nb_status s = nb_qmodel_check_module(ctx, &qm->mods[i]);
+        if (s) return s;
+    }
+    for (int64_t k = 0; qm->kvq && k < 2 * qm->n_layers; k++) {
+        nb_status s = nb_qmodel_check_kv(ctx, qm, k);
         if (s) return s;
     }
     return NB_OK;

@@ -28,8 +28,19 @@ struct nb_qmodel {
     int64_t n_uncovered;
     char **skipped;           /* modules the last export left out (allow_uncalibrated) */
     int64_t n_skipped;
+    /* KV cache quantization (nb_qmodel_set_kv): layer l's K quantizer at kvq[2l], its V at kvq[2l+1] */
+    int32_t kv_format;        /* NB_FMT_NONE: off */
+    int64_t n_layers;
+    nb_quantizer **kvq;
+    nb_calib **kvcalib;       /* observers while calibrating */
+    int32_t kv_hook_installed;
+    nb_ctx *ctx;
 };
 
 nb_status nb_qmodel_check_module(nb_ctx *ctx, const nb_qmod *q);
+/* The guard for one K or V quantizer (index into kvq). */
+nb_status nb_qmodel_check_kv(nb_ctx *ctx, const nb_qmodel *qm, int64_t k);
+/* "model.layers.N.self_attn" of layer l into buf. */
+void nb_qmodel_attn_name(int64_t layer, char *buf, size_t cap);
 
 #endif
