@@ -110,11 +110,10 @@ local function check_algorithm(r, plan)
   return algo
 end
 
-local function check_kv(r)
-  if r.kv_cache ~= nil and r.kv_cache ~= false then
-    error(("recipe: kv_cache = %q is not supported yet: nibble does not calibrate k/v output scales "
-           .. "(k_scale / v_scale, FORMATS §3.4); remove the key"):format(tostring(r.kv_cache)), 0)
-  end
+-- kv_of(r): the KV cache preset a (validated) recipe asks for, or nil.
+function M.kv_of(r)
+  if r.kv_cache == nil or r.kv_cache == false then return nil end
+  return recipe.kv_presets[r.kv_cache]
 end
 
 -- prepare(r [, args]): compose and check a recipe without any compute (what `nibble plan` needs and
@@ -127,7 +126,6 @@ function M.prepare(r, args)
   end
   r = recipe.compose(r, args)
   recipe.validate(r)
-  check_kv(r)
   return r
 end
 
@@ -147,8 +145,8 @@ local calib_defaults = { samples = 512, seq_len = 512, batch = 4, pack = true, r
 function M.calibration_loader(r, model_path, log)
   local c = r.calibration or {}
   if not c.data then
-    error("recipe: this recipe quantizes activations, so it needs calibration data: calibration = { data = FILE } "
-          .. "(nibble quantize: --calib FILE)", 0)
+    error("recipe: this recipe quantizes activations" .. (M.kv_of(r) and " or the KV cache" or "")
+          .. ", so it needs calibration data: calibration = { data = FILE } (nibble quantize: --calib FILE)", 0)
   end
   local data = nibble.data
   local tok = nibble.tokenizer.load(model_path)
@@ -253,7 +251,8 @@ function M.recipe_of(o)
   local path = recipe.find("ptq")
   if not path then error("ptq: recipes/ptq.lua not found on the recipe path (set NIBBLE_RECIPES)", 0) end
   local args = {}
-  for _, k in ipairs { "model", "format", "algorithm", "calib", "samples", "seq_len", "batch", "seed", "layout", "out" } do
+  for _, k in ipairs { "model", "format", "algorithm", "calib", "samples", "seq_len", "batch", "seed", "layout", "out",
+                       "kv_cache" } do
     if o[k] ~= nil then args[k] = tostring(o[k]) end
   end
   if o.allow_uncalibrated then args.allow_uncalibrated = "true" end
@@ -325,6 +324,12 @@ function M.run(r, args, opts)
   local groups = qm:fuse_siblings()
   log("ptq: %d of %d linear modules quantized, %d fused sibling groups, algorithm %s", nq, qm:count(), groups,
       algorithm)
+  local kv = M.kv_of(r)
+  if kv then
+    qm:set_kv(kv.format)
+    result.kv_cache = kv.format
+    log("ptq: KV cache in %s: k_scale / v_scale of every layer from the calibration data", kv.format)
+  end
 
   if qm:needs_data() then
     local loader = M.calibration_loader(r, mpath or model.path, log)
@@ -344,16 +349,16 @@ function M.run(r, args, opts)
     qm:calibrate_weights(algorithm)
   end
 
-  -- coverage: every enabled input quantizer saw data, or say which did not
+  -- coverage: every enabled input (and KV) quantizer saw data, or say which did not
   result.uncovered = qm:uncovered()
   if #result.uncovered > 0 then
-    log("coverage: %d input quantizer(s) saw no calibration token: %s", #result.uncovered,
+    log("coverage: %d input or KV quantizer(s) saw no calibration token: %s", #result.uncovered,
         table.concat(result.uncovered, ", "))
     if not r.allow_uncalibrated then
       log("coverage: the export will stop at the first of them (allow_uncalibrated = true leaves them unquantized)")
     end
   elseif qm:needs_data() then
-    log("coverage: every input quantizer saw calibration data")
+    log("coverage: every input%s quantizer saw calibration data", kv and " and KV" or "")
   end
 
   result.weight_error = M.weight_error(qm, model)

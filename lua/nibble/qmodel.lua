@@ -216,14 +216,38 @@ function QModel:uncovered()
   return out
 end
 
--- needs_data(): true when some enabled quantizer observes activations (an input quantizer).
+-- needs_data(): true when some enabled quantizer observes activations (an input quantizer, or the
+-- KV cache's).
 function QModel:needs_data()
   local p = qp(self)
   for i = 0, tonumber(C.nb_qmodel_count(p)) - 1 do
     local q = C.nb_qmodel_input_quantizer(p, i)
     if q ~= nil and C.nb_quantizer_enabled(q) ~= 0 then return true end
   end
-  return false
+  return self:kv_format() ~= nil
+end
+
+-- KV cache quantization. set_kv("fp8"): a per-tensor FP8 quantizer for the keys (after RoPE) and one
+-- for the values of every layer (ModelOpt's k_bmm_quantizer / v_bmm_quantizer), calibrated with the
+-- input quantizers, fake-quantized by set_fake, exported as k_scale / v_scale. set_kv(nil | false |
+-- "none") removes them. kv_format(): "fp8" or nil. kv_quantizer(layer, "k" | "v"): layer is the N of
+-- model.layers.N (0-based), as a nibble.quant object (nil when off).
+function QModel:set_kv(fmt)
+  local f = C.NB_FMT_NONE
+  if fmt ~= nil and fmt ~= false and fmt ~= "none" then
+    if fmt ~= "fp8" then fail(("qmodel:set_kv: unknown KV cache format %s (fp8, or nil for none)"):format(tostring(fmt))) end
+    f = C.NB_FMT_FP8_TENSOR
+  end
+  check(C.nb_qmodel_set_kv(ctx(), qp(self), f))
+  return self
+end
+function QModel:kv_format()
+  return C.nb_qmodel_kv_format(qp(self)) == C.NB_FMT_FP8_TENSOR and "fp8" or nil
+end
+function QModel:kv_quantizer(layer, which)
+  if which ~= "k" and which ~= "v" then fail("qmodel:kv_quantizer(layer, which): which is \"k\" or \"v\"") end
+  local q = C.nb_qmodel_kv_quantizer(qp(self), layer, which == "v" and 1 or 0)
+  return q ~= nil and nibble.quant.wrap(q) or nil
 end
 
 function QModel:set_fake(on)
@@ -356,22 +380,26 @@ local function amax_for_scale(q, s, k)
   return false
 end
 
--- activations(model [, path]): the activation quantization an exported checkpoint ships (W4A4
--- NVFP4 or W8A8 FP8 input scales), installed on the read-back model as input fake quant with
--- exactly the stored scales (the weights were already dequantized when the model was loaded). Returns
--- the qmodel that holds the hooks (keep it alive) and the number of modules, or nil when the
--- checkpoint stores no input scale (weight-only formats, or not an export).
-function M.activations(model, path)
+-- activations(model [, path [, opts]]): the activation quantization an exported checkpoint ships (W4A4
+-- NVFP4 or W8A8 FP8 input scales, and the FP8 KV cache's k_scale / v_scale), installed on the read-back
+-- model as fake quant with exactly the stored scales (the weights were already dequantized when the
+-- model was loaded): the inputs of those linear modules, and the keys and values of every attention
+-- layer as vLLM stores them in an FP8 cache. opts.kv = false leaves the KV cache unquantized. Returns
+-- the qmodel that holds the hooks (keep it alive), the number of modules with quantized inputs and the
+-- number of layers with a quantized KV cache, or nil, 0, 0 when the checkpoint stores none of that
+-- (weight-only formats, or not an export). A checkpoint with the scales of only some layers is an error.
+function M.activations(model, path, opts)
+  opts = opts or {}
   local m = model_ptr(model)
   path = path or (type(model) == "table" and model.path) or ffi.string(C.nb_model_path(m))
-  if C.nb_model_format_of(m) ~= C.NB_MODEL_HF or path == "" then return nil, 0 end
+  if C.nb_model_format_of(m) ~= C.NB_MODEL_HF or path == "" then return nil, 0, 0 end
   local out = ffi.new("nb_st *[1]")
   if C.nb_st_open(ctx(), path, out) ~= 0 then
     C.nb_ctx_clear_error(ctx())
-    return nil, 0
+    return nil, 0, 0
   end
   local st = ffi.gc(out[0], C.nb_st_close)
-  local qm, n = nil, 0
+  local qm, n, nkv = nil, 0, 0
   local info = ffi.new("nb_readback_info")
   local mul = { [tonumber(C.NB_FMT_NVFP4)] = 6 * 448, [tonumber(C.NB_FMT_FP8_TENSOR)] = 448 }
   local ok, err = pcall(function()
@@ -391,11 +419,37 @@ function M.activations(model, path)
         n = n + 1
       end
     end
+    -- the FP8 KV cache: every layer's k_scale and v_scale, or none
+    local layers = tonumber(C.nb_model_get_config(m).n_layers)
+    local sc, found, missing = ffi.new("float[1]"), {}, nil
+    for l = 0, layers - 1 do
+      for w = 0, 1 do
+        local rc = C.nb_readback_kv_scale(ctx(), st, l, w, sc, nil)
+        if rc == C.NB_ERR_NOT_FOUND then
+          C.nb_ctx_clear_error(ctx())
+          missing = missing or ("model.layers.%d.self_attn %s"):format(l, w == 0 and "k_scale" or "v_scale")
+        else
+          check(rc)
+          found[#found + 1] = { l, w, sc[0] }
+        end
+      end
+    end
+    if #found > 0 and missing then
+      fail(("%s: the checkpoint has KV cache scales for some layers but no %s"):format(path, missing))
+    end
+    if #found > 0 and opts.kv ~= false then
+      qm = qm or probe
+      qm:set_kv("fp8")
+      for _, e in ipairs(found) do
+        amax_for_scale(C.nb_qmodel_kv_quantizer(qp(qm), e[1], e[2]), e[3], 448)
+      end
+      nkv = layers
+    end
     if qm then qm:set_fake(true) else probe:free() end
   end)
   C.nb_st_close(ffi.gc(st, nil))
   if not ok then error(err, 0) end
-  return qm, n
+  return qm, n, nkv
 end
 
 return M

@@ -26,8 +26,10 @@ M.presets = {
                       quant_algo = "FP8_PER_CHANNEL_PER_TOKEN" },
 }
 
--- KV-cache presets are a separate key (`kv_cache = "fp8"`), not per-module rules.
-M.kv_presets = { fp8 = { quant_algo = "FP8" } }
+-- KV-cache presets are a separate key (`kv_cache = "fp8"`, or `extends = "units/kv_fp8"`), not
+-- per-module rules: FP8 E4M3 keys (after RoPE) and values with one calibrated scale per layer for each
+-- (k_scale / v_scale = amax / 448), ModelOpt's FP8_KV_CFG; false or nil leaves the cache in BF16.
+M.kv_presets = { fp8 = { format = "fp8", quant_algo = "FP8" } }
 
 M.algorithms = { max = true, mse = true, four_over_six = true }
 M.layouts = { modelopt = true, ["compressed-tensors"] = true }
@@ -343,7 +345,8 @@ function M.validate(r)
       r.export.layout, did_you_mean(r.export.layout, keys_of(M.layouts))), 0)
   end
   if r.kv_cache ~= nil and r.kv_cache ~= false and not M.kv_presets[r.kv_cache] then
-    error(string.format("recipe: unknown kv_cache '%s'; known: fp8", tostring(r.kv_cache)), 0)
+    error(string.format("recipe: unknown kv_cache '%s'%s; known: fp8 (or false)", tostring(r.kv_cache),
+      did_you_mean(tostring(r.kv_cache), keys_of(M.kv_presets))), 0)
   end
   local rules, own = {}, 0
   for i, rule in ipairs(r.quantize or {}) do

@@ -154,6 +154,80 @@ describe("ptq on stories260K", function()
     end)
   end
 
+  it("FP8 KV cache: k_scale / v_scale per layer; the read-back applies them, as the student did", function()
+    if not need(stories, train) then return end
+    for _, layout in ipairs { "modelopt", "compressed-tensors" } do
+      local out = tmp .. "/kv-" .. layout
+      local res = quiet_run(recipe.new {
+        extends = { "units/nvfp4_w4a16", "units/kv_fp8" }, model = { path = stories },
+        calibration = { data = train, samples = 8, seq_len = 128, batch = 4, seed = 1 },
+        export = { dir = out, layout = layout } })
+      assert.are.equal("fp8", res.kv_cache)
+      local qm = res.qmodel
+      assert.are.equal("fp8", qm:kv_format())
+      assert.is_true(qm:needs_data())
+      local info = st_info(out)
+      for l = 0, 4 do
+        for _, w in ipairs { "k", "v" } do
+          local name = layout == "modelopt" and ("model.layers.%d.self_attn.%s_proj.%s_scale"):format(l, w, w)
+                       or ("model.layers.%d.self_attn.%s_scale"):format(l, w)
+          assert.are.equal("F32", info[name].dtype, name)
+          assert.are.equal(layout == "modelopt" and 0 or 1, #info[name].shape, name)
+          local amax = qm:kv_quantizer(l, w):state().amax
+          local want = ffi.new("float[1]", amax)
+          want[0] = want[0] / 448
+          local got = nibble.load(out)[name]:data("const float *")[0]
+          assert.are.equal(want[0], got, name)
+        end
+      end
+      local toks = ids(64, 512)
+      res.qmodel:set_fake(true)
+      local a = logits(res.model, toks)
+      res.qmodel:set_fake(false)
+      local back = nibble.model.load(out)
+      local w_only = logits(back, toks)
+      local aq, n, nkv = qmodel.activations(back)
+      assert.are.equal(0, n)
+      assert.are.equal(5, nkv)
+      assert.are.equal("fp8", aq:kv_format())
+      local b = logits(back, toks)
+      if layout == "modelopt" then
+        assert.are.equal(0, a:max_abs_diff(b))
+      else
+        assert.is_true(a:max_abs_diff(b) < 1e-4 * a:absmax(), "ct " .. a:max_abs_diff(b))
+      end
+      assert.is_true(a:max_abs_diff(w_only) > 1e-4)   -- the FP8 cache matters
+      aq:free()
+      -- kv = false: weights only
+      local aq2, n2, nkv2 = qmodel.activations(back, nil, { kv = false })
+      assert.is_nil(aq2)
+      assert.are.equal(0, n2)
+      assert.are.equal(0, nkv2)
+      assert.are.equal(0, w_only:max_abs_diff(logits(back, toks)))
+    end
+    -- a checkpoint with the scales of only some layers is refused, naming the first missing one
+    local dir = tmp .. "/kv-partial"
+    os.execute(("cp -r %s %s"):format(nbspec.quote(tmp .. "/kv-modelopt"), nbspec.quote(dir)))
+    local full = nibble.load(tmp .. "/kv-modelopt/model.safetensors")
+    local wo = ffi.new("nb_st_writer *[1]")
+    nibble.check(C.nb_st_writer_new(nibble.ctx, wo))
+    local wr = ffi.gc(wo[0], C.nb_st_writer_free)
+    for name, t in full:pairs() do
+      if name ~= "model.layers.3.self_attn.v_proj.v_scale" then nibble.check(C.nb_st_writer_add(nibble.ctx, wr, name, t.ptr)) end
+    end
+    nibble.check(C.nb_st_writer_write(nibble.ctx, wr, dir .. "/model.safetensors"))
+    local back = nibble.model.load(dir)
+    assert.matches("the checkpoint has KV cache scales for some layers but no model.layers.3.self_attn v_scale",
+      err_of(qmodel.activations, back), nil, true)
+  end)
+
+  it("a KV cache recipe without calibration data is refused before any compute", function()
+    if not need(stories) then return end
+    assert.matches("this recipe quantizes activations or the KV cache, so it needs calibration data",
+      err_of(quiet_run, recipe.new { extends = { "units/nvfp4_w4a16", "units/kv_fp8" }, model = { path = stories },
+                                     export = { dir = tmp .. "/never" } }), nil, true)
+  end)
+
   it("four_over_six lowers the weight error and the perplexity against plain NVFP4", function()
     if not need(stories, valid) then return end
     local plain = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories },

@@ -134,6 +134,19 @@ describe("validation", function()
     assert.matches("must be a preset name or false", err_of(recipe.resolve, recipe.new { quantize = { { "*", true } } }, mods))
     assert.matches("'quantize' must be a list", err_of(recipe.resolve, recipe.new { quantize = "fp8" }, mods))
   end)
+  it("kv_cache: fp8 or false; anything else is refused with did-you-mean; units/kv_fp8 sets it", function()
+    assert.equal("recipe: unknown kv_cache 'fp9' (did you mean 'fp8'?); known: fp8 (or false)",
+      err_of(recipe.resolve, recipe.new { kv_cache = "fp9" }, mods))
+    assert.equal("recipe: unknown kv_cache 'true'; known: fp8 (or false)",
+      err_of(recipe.resolve, recipe.new { kv_cache = true }, mods))
+    recipe.resolve(recipe.new { kv_cache = false }, mods)
+    local r = recipe.compose(recipe.new { extends = { "units/nvfp4", "units/kv_fp8" } })
+    assert.equal("fp8", r.kv_cache)
+    assert.equal("fp8", recipe.kv_presets[r.kv_cache].format)
+    assert.equal("nvfp4", by_name(recipe.resolve(r, mods))["model.layers.0.self_attn.k_proj"].format)
+    -- a later recipe turns it off again
+    assert.is_false(recipe.compose(recipe.new { extends = "units/kv_fp8", kv_cache = false }).kv_cache)
+  end)
   it("extends that does not exist, and cycles", function()
     assert.matches("extends 'units/nope': no such recipe or unit",
       err_of(recipe.compose, recipe.new { extends = "units/nope" }))

@@ -5,9 +5,13 @@
 -- vocabulary) it also reports the mean KL(teacher || model) per token and the percentage of scored
 -- positions where both models' top-1 tokens agree. --json prints one JSON object:
 -- {"ppl":..., "nll":..., "tokens":..., "kld_mean":..., "top1_agree":..., "ppl_err":..., "chunks":...}.
+-- An exported checkpoint runs as it ships: quantized activations (input scales) and an FP8 KV cache
+-- (k_scale / v_scale: keys and values fake-quantized to FP8 E4M3 with those scales, as vLLM's FP8 cache
+-- stores them) are applied and reported; --no-kv-quant keeps the KV cache in float.
 local nibble = require("nibble")
 
 local USAGE = "usage: nibble eval --model PATH --data FILE [--ctx 512] [--chunks N] [--batch B] [--teacher PATH] [--json]\n"
+  .. "         [--no-kv-quant]\n"
 
 local function err(msg)
   io.stderr:write("nibble eval: ", msg, "\n")
@@ -39,6 +43,7 @@ return function(args)
       if not v or v ~= math.floor(v) or v < 1 then return err(a .. " needs a positive integer") end
       o[ints[a]] = v
     elseif a == "--json" then o.json = true
+    elseif a == "--no-kv-quant" then o.no_kv = true
     elseif a == "-h" or a == "--help" then io.stdout:write(USAGE); return 0
     else
       io.stderr:write("nibble eval: unknown argument ", a, "\n", USAGE)
@@ -53,9 +58,15 @@ return function(args)
   local ok, m = pcall(nibble.model.load, o.model)
   if not ok then return err(clean(m)) end
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
-  local okq, aq, naq = pcall(nibble.qmodel.activations, m)
+  local okq, aq, naq, nkv = pcall(nibble.qmodel.activations, m, nil, { kv = not o.no_kv })
   if not okq then return err(clean(aq)) end
   if naq > 0 then io.stderr:write(("nibble eval: activations quantized as exported (%d modules)\n"):format(naq)) end
+  if nkv > 0 then
+    io.stderr:write(("nibble eval: KV cache quantized as exported (FP8, k_scale / v_scale of %d layers; "
+                     .. "--no-kv-quant to turn off)\n"):format(nkv))
+  elseif o.no_kv then
+    io.stderr:write("nibble eval: KV cache not quantized (--no-kv-quant)\n")
+  end
   local teacher
   if o.teacher then
     local okt, t = pcall(nibble.model.load, o.teacher)

@@ -46,6 +46,10 @@ return function(args)
     lines[#lines + 1] = ("calibration: %s (samples %s, seq_len %s, seed %s)"):format(c.data, tostring(c.samples or 512),
       tostring(c.seq_len or 512), tostring(c.seed or r.seed or 0))
   end
+  if r.kv_cache then
+    lines[#lines + 1] = ("kv_cache: %s (keys after RoPE and values of every layer; k_scale / v_scale from calibration)")
+      :format(r.kv_cache)
+  end
   if r.export and r.export.dir then
     lines[#lines + 1] = ("export: %s (%s layout)"):format(r.export.dir, r.export.layout or "modelopt")
   end
