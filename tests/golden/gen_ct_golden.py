@@ -17,6 +17,13 @@ cases:
                    layer, so this case goes through compressed-tensors' ModelCompressor directly:
                    apply_quantization_config, compress_model (the compressed parameters), the
                    checkpoint's state dict, decompress_model.
+  fp8_kv           fp8 W8A8 as above plus an FP8 KV cache (--kv-cache fp8): kv_cache_scheme and
+                   model.layers.N.self_attn.k_scale / v_scale. Also through ModelCompressor: its
+                   apply_quantization_config registers k_scale / v_scale on each attention module and the
+                   checkpoint must load into them with no unexpected or missing key; the scales it loaded
+                   are recorded (kv_scales). compressed-tensors 0.20 recognises a cached attention module by
+                   a past_key_value(s) argument, which transformers 5 renamed to `cache`: the generator
+                   widens that test to "an attention module with k_proj / v_proj" for this run.
 
 Written into tests/golden/data/ct_readback/:
   <case>.safetensors  the dequantized float32 weights of three modules (layers.0 k_proj, layers.2 up_proj,
@@ -54,7 +61,19 @@ CASES = {
     "fp8": ["--format", "fp8", "--calib", "{data}/text/tinystories_train_head_2MiB.txt", "--samples", "8",
             "--seq-len", "128", "--batch", "4", "--seed", "1"],
     "mixed": ["--recipe", "tests/recipes/fixtures/mixed.lua"],
+    "fp8_kv": ["--format", "fp8", "--calib", "{data}/text/tinystories_train_head_2MiB.txt", "--samples", "8",
+               "--seq-len", "128", "--batch", "4", "--seed", "1", "--kv-cache", "fp8"],
 }
+
+
+def widen_cached_attention():
+    import compressed_tensors.quantization.lifecycle.apply as app
+    import compressed_tensors.quantization.lifecycle.initialize as ini
+
+    def cached(module):
+        return ini._is_attention_module(module) and any(hasattr(module, n) for n in ini._KV_CACHE_PROJECTION_NAMES)
+    app.is_cached_attention_module = cached
+    ini.is_cached_attention_module = cached
 SAVED = ["model.layers.0.self_attn.k_proj", "model.layers.2.mlp.up_proj", "model.layers.4.self_attn.o_proj",
          "model.layers.1.mlp.down_proj"]
 
@@ -83,11 +102,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nibble", default=os.environ.get("NIBBLE_BIN", "nibble"))
     ap.add_argument("--data", default=os.path.join(HERE, "..", "..", "..", "shared", "data"))
+    ap.add_argument("--cases", default="", help="comma-separated subset of the cases (default: all)")
     args = ap.parse_args()
     data = os.path.abspath(args.data)
     hf_dir = os.path.join(data, "stories260K", "hf")
     os.makedirs(OUT, exist_ok=True)
+    only = set(args.cases.split(",")) if args.cases else None
     for name, extra in CASES.items():
+        if only is not None and name not in only:
+            continue
         extra = [a.replace("{data}", data) for a in extra]
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "export")
@@ -100,8 +123,15 @@ def main():
             subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
             with open(os.path.join(out, "config.json")) as f:
                 qc = json.load(f)["quantization_config"]
-            if qc.get("format") == "mixed-precision":
+            kv_scales = {}
+            if qc.get("format") == "mixed-precision" or qc.get("kv_cache_scheme"):
+                if qc.get("kv_cache_scheme"):
+                    widen_cached_attention()
                 model = decompress_with_model_compressor(out, qc)
+                for pname, prm in model.named_parameters():
+                    if pname.endswith(".k_scale") or pname.endswith(".v_scale"):
+                        kv_scales[pname] = {"value": float(prm.detach().float().reshape(-1)[0]),
+                                            "shape": list(prm.shape)}
             else:
                 model = AutoModelForCausalLM.from_pretrained(
                     out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True))
@@ -128,6 +158,9 @@ def main():
                          "transformers": transformers.__version__},
             "modules": stats,
         }
+        if kv_scales:
+            meta["kv_scales"] = kv_scales
+            meta["kv_cache_scheme"] = qc["kv_cache_scheme"]
         with open(os.path.join(OUT, name + ".json"), "w") as f:
             json.dump(meta, f, indent=1, sort_keys=True)
             f.write("\n")

@@ -11,10 +11,14 @@ fixed batch of token ids), and written with the real `export_hf_checkpoint`. The
   fp8     FP8_DEFAULT_CFG   FP8 per tensor, weights and activations (every linear but lm_head)
   mixed   W4A16_NVFP4_CFG with MXFP8 weights on *mlp* (MIXED_PRECISION; down_proj disabled), the
           same as tests/recipes/fixtures/mixed.lua
+  w4a16_kv  W4A16_NVFP4_CFG + FP8_KV_CFG: weight-only NVFP4 and an FP8 KV cache (the attention's
+          k_bmm_quantizer / v_bmm_quantizer, calibrated on K after RoPE and V; exported as
+          self_attn.k_proj.k_scale / v_proj.v_scale = amax / 448, kv_cache_quant_algo "FP8")
 
 Weight amax under max calibration is max|w| (deterministic); nibble computes the same from the same
 weights. Input amax depends on the forward pass, so it is recorded here (before export) and the test
-gives nibble the same values. Written into tests/golden/data/modelopt_export/:
+gives nibble the same values; so do the K/V amaxes (kv_amax: {layer: [k, v]}), which the test also
+compares with nibble's own calibration on the same token ids. Written into tests/golden/data/modelopt_export/:
 
   <case>.safetensors  every tensor of the quantized modules (weight, weight_scale, weight_scale_2,
                       input_scale) exactly as ModelOpt wrote it
@@ -53,6 +57,7 @@ CASES = {
     "mxfp8": ("MXFP8_DEFAULT_CFG", True),
     "fp8": ("FP8_DEFAULT_CFG", False),
     "mixed": ("W4A16_NVFP4_CFG", True),
+    "w4a16_kv": ("W4A16_NVFP4_CFG", True),
 }
 
 # One fixed calibration batch: BOS then a deterministic walk over the 512-token vocabulary.
@@ -60,6 +65,8 @@ CALIB_IDS = [[1] + [(i * 37 + 11 + 101 * b) % 512 for i in range(127)] for b in 
 
 
 def amax_of(q):
+    if q is None:
+        return None
     a = getattr(q, "amax", None)
     if a is None or not q.is_enabled:
         return None
@@ -74,6 +81,8 @@ def run_case(hf_dir, name, cfg_name, disable_down):
     if name == "mixed":
         mx = copy.deepcopy(mtq.MXFP8_DEFAULT_CFG["quant_cfg"][1]["cfg"])   # the MXFP8 weight quantizer
         cfg["quant_cfg"].append({"quantizer_name": "*mlp*weight_quantizer", "cfg": mx})
+    if name.endswith("_kv"):
+        cfg["quant_cfg"] += copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
     if disable_down:
         cfg["quant_cfg"].append({"enable": False, "quantizer_name": "*down_proj*"})
     ids = torch.tensor(CALIB_IDS)
@@ -83,7 +92,12 @@ def run_case(hf_dir, name, cfg_name, disable_down):
             m(ids)
 
     mtq.quantize(model, cfg, loop)
-    input_amax, weight_amax = {}, {}
+    input_amax, weight_amax, kv_amax = {}, {}, {}
+    for l, layer in enumerate(model.model.layers):
+        att = layer.self_attn
+        k, v = amax_of(getattr(att, "k_bmm_quantizer", None)), amax_of(getattr(att, "v_bmm_quantizer", None))
+        if k is not None or v is not None:
+            kv_amax[str(l)] = [k, v]
     for mname, mod in model.named_modules():
         iq, wq = getattr(mod, "input_quantizer", None), getattr(mod, "weight_quantizer", None)
         if wq is None or not wq.is_enabled:
@@ -109,7 +123,7 @@ def run_case(hf_dir, name, cfg_name, disable_down):
                 if k.endswith(".weight") and t.dtype in (torch.uint8, torch.float8_e4m3fn):
                     quantized.append(mod)
             for k in f.keys():
-                if k.rsplit(".", 1)[0] in quantized:
+                if k.rsplit(".", 1)[0] in quantized or k.endswith("_scale") and ".self_attn." in k:
                     tensors[k] = f.get_tensor(k).contiguous()
     save_file(tensors, os.path.join(OUT, name + ".safetensors"), metadata={"format": "pt"})
     meta = {
@@ -122,6 +136,7 @@ def run_case(hf_dir, name, cfg_name, disable_down):
         "quantized_modules": sorted(quantized),
         "input_amax": input_amax,
         "weight_amax": weight_amax,
+        "kv_amax": kv_amax,
         "hf_quant_config": hf_quant_config,
         "quantization_config": qc,
         "model_safetensors_sha256": sha,
@@ -135,11 +150,14 @@ def run_case(hf_dir, name, cfg_name, disable_down):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=os.path.join(HERE, "..", "..", "..", "shared", "data"))
+    ap.add_argument("--cases", default="", help="comma-separated subset of the cases (default: all)")
     args = ap.parse_args()
     hf_dir = os.path.join(args.data, "stories260K", "hf")
     os.makedirs(OUT, exist_ok=True)
+    only = set(args.cases.split(",")) if args.cases else None
     for name, (cfg_name, disable_down) in CASES.items():
-        run_case(hf_dir, name, cfg_name, disable_down)
+        if only is None or name in only:
+            run_case(hf_dir, name, cfg_name, disable_down)
 
 
 if __name__ == "__main__":

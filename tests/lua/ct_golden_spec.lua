@@ -23,7 +23,7 @@ end)
 local function options(args)
   local o, keys = {}, { ["--format"] = "format", ["--calib"] = "calib", ["--samples"] = "samples",
                         ["--seq-len"] = "seq_len", ["--batch"] = "batch", ["--seed"] = "seed", ["--layout"] = "layout",
-                        ["--recipe"] = "recipe" }
+                        ["--recipe"] = "recipe", ["--kv-cache"] = "kv_cache" }
   for i = 1, #args, 2 do
     local k = assert(keys[args[i]], args[i])
     o[k] = args[i + 1]:gsub("^%$DATA", nbspec.shared)
@@ -42,7 +42,7 @@ local function sums(t)
 end
 
 describe("compressed-tensors read-back equals compressed-tensors' decompression", function()
-  for _, case in ipairs { "w4a16", "mxfp8", "fp8_per_channel", "fp8", "mixed" } do
+  for _, case in ipairs { "w4a16", "mxfp8", "fp8_per_channel", "fp8", "mixed", "fp8_kv" } do
     it(case, function()
       if not stories or not train then pending("../shared/data is absent") return end
       local g = nibble.json.decode(nbspec.read(golden .. "/" .. case .. ".json"))
@@ -87,6 +87,21 @@ describe("compressed-tensors read-back equals compressed-tensors' decompression"
         assert.are.equal(0, a:max_abs_diff(b), tname)
       end
       assert.is_true(#want:names() >= 3)
+      -- the FP8 KV cache: compressed-tensors registered self_attn.k_scale / v_scale ([1]) from the
+      -- kv_cache_scheme and loaded nibble's tensors into them, with these values
+      if case == "fp8_kv" then
+        assert.are.same(g.kv_cache_scheme, cfg.quantization_config.kv_cache_scheme)
+        local got, n_kv = nibble.load(o.out), 0
+        for name, e in pairs(g.kv_scales) do
+          assert.are.same(e.shape, got:info(name).shape, name)
+          local v = ffi.new("float[1]", e.value)
+          assert.are.equal(v[0], got[name]:data("const float *")[0], name)
+          n_kv = n_kv + 1
+        end
+        assert.are.equal(10, n_kv)
+      else
+        assert.is_nil(g.kv_scales)
+      end
     end)
   end
 end)

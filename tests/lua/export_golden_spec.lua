@@ -2,7 +2,9 @@
 -- same stories260K weights, the same recipe (W4A16 NVFP4, W4A4 NVFP4, MXFP8, FP8, and MIXED_PRECISION:
 -- MXFP8 on the MLP, NVFP4 elsewhere) and the same input
 -- amaxes give the same bytes in every quantized tensor (weight, weight_scale, weight_scale_2,
--- input_scale) and the same hf_quant_config.json / quantization_config up to the producer.
+-- input_scale) and the same hf_quant_config.json / quantization_config up to the producer. The FP8 KV
+-- cache case (W4A16 NVFP4 + FP8_KV_CFG) also checks that nibble's own K/V calibration on the same token
+-- ids finds ModelOpt's k_bmm / v_bmm amax (K after RoPE), and that k_scale / v_scale are ModelOpt's bytes.
 local ffi = require("ffi")
 local nibble = require("nibble")
 local nbspec = require("nbspec")
@@ -23,7 +25,8 @@ teardown(function()
 end)
 
 -- the recipe unit that says what ModelOpt's stock config says
-local units = { w4a16 = "units/nvfp4_w4a16", nvfp4 = "units/nvfp4", mxfp8 = "units/mxfp8", fp8 = "units/fp8" }
+local units = { w4a16 = "units/nvfp4_w4a16", nvfp4 = "units/nvfp4", mxfp8 = "units/mxfp8", fp8 = "units/fp8",
+                w4a16_kv = { "units/nvfp4_w4a16", "units/kv_fp8" } }
 
 local function without_producer(t)
   local c = {}
@@ -36,7 +39,7 @@ local function bytes(t)
 end
 
 describe("export equals ModelOpt's export_hf_checkpoint", function()
-  for _, case in ipairs { "w4a16", "nvfp4", "mxfp8", "fp8", "mixed" } do
+  for _, case in ipairs { "w4a16", "nvfp4", "mxfp8", "fp8", "mixed", "w4a16_kv" } do
     it(case, function()
       if not stories then pending("../shared/data is absent") return end
       local g = nibble.json.decode(nbspec.read(golden .. "/" .. case .. ".json"))
@@ -44,14 +47,35 @@ describe("export equals ModelOpt's export_hf_checkpoint", function()
       local qm = qmodel.new(m)
       local r = case == "mixed" and recipe.load(nbspec.source_dir .. "/tests/recipes/fixtures/mixed.lua", {})
                 or recipe.new { extends = units[case] }
-      local plan = recipe.resolve(recipe.compose(r), ptq.modules(m))
+      local composed = recipe.compose(r)
+      local plan = recipe.resolve(composed, ptq.modules(m))
       ptq.apply(qm, plan)
+      local kv = ptq.kv_of(composed)
+      if kv then qm:set_kv(kv.format) end
+      g.kv_amax = g.kv_amax or {}   -- (the cases made before the KV case have no such field)
+      assert.are.equal(case == "w4a16_kv", next(g.kv_amax) ~= nil)
       -- the same modules are quantized
       local names = {}
       for _, e in ipairs(plan) do if e.format then names[#names + 1] = e.name end end
       table.sort(names)
       assert.are.same(g.quantized_modules, names)
       qm:fuse_siblings()
+      if kv then
+        -- nibble's own calibration on ModelOpt's token ids finds the same K/V amax (float32 sums in
+        -- another order: a few ulps apart)
+        local ids = nibble.tensor(g.calib_ids, "i32")
+        qm:calibrate_begin("max")
+        local fo = ffi.new("nb_forward_opts")
+        nibble.check(nibble.C.nb_model_forward(nibble.ctx, qmodel.model_ptr(m), ids:data("const int32_t *"),
+          #g.calib_ids, #g.calib_ids[1], fo))
+        qm:calibrate_end()
+        for l, kvv in pairs(g.kv_amax) do
+          for w, want in ipairs(kvv) do
+            local got = qm:kv_quantizer(tonumber(l), w == 1 and "k" or "v"):state().amax
+            assert.is_true(math.abs(got - want) <= 1e-5 * want, ("layer %s %s: %.9g vs %.9g"):format(l, w, got, want))
+          end
+        end
+      end
       qm:calibrate_weights("max")
       -- ModelOpt's weight amax (max |w|) is what nibble computed (group maxima are applied at export)
       for name, a in pairs(g.weight_amax) do
@@ -65,6 +89,11 @@ describe("export equals ModelOpt's export_hf_checkpoint", function()
         n_in = n_in + 1
       end
       assert.are.equal(case == "fp8" and 35 or case == "nvfp4" and 30 or 0, n_in)
+      -- and ModelOpt's K/V amaxes, exactly
+      for l, kvv in pairs(g.kv_amax) do
+        qm:kv_quantizer(tonumber(l), "k"):set_state { amax = kvv[1] }
+        qm:kv_quantizer(tonumber(l), "v"):set_state { amax = kvv[2] }
+      end
       qm:check()
       local out = tmp .. "/" .. case
       qm:export(out)
