@@ -94,6 +94,48 @@ function M.new(cfg, opts)
   return m
 end
 
+-- read_config(path): the config of the model at path (the fields of m.config) from config.json and the
+-- safetensors headers, or the GGUF metadata, without reading any weight.
+function M.read_config(path)
+  if type(path) ~= "string" then fail("model.read_config: expected a path, got " .. type(path)) end
+  local c = ffi.new("nb_model_config")
+  check(C.nb_model_read_config(nibble.context(), path, c))
+  return config_table(c)
+end
+
+-- modules_of(path or config): the embedding, linear and norm modules a model of that config has, in
+-- model order (the order nb_model_load's module tree lists them): { name, kind = "embedding" |
+-- "linear" | "norm", in_features, out_features, tied } -- what recipe.resolve takes, so `nibble plan`
+-- needs no weights. Held equal to the loaded model's list by lua.model's spec.
+function M.modules_of(cfg)
+  if type(cfg) == "string" then cfg = M.read_config(cfg) end
+  local D, F = cfg.hidden_size, cfg.intermediate_size
+  local qd, kvd = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+  local out = { { name = "model.embed_tokens", kind = "embedding" } }
+  local function lin(name, i, o) out[#out + 1] = { name = name, kind = "linear", in_features = i, out_features = o,
+                                                    tied = false } end
+  for l = 0, cfg.n_layers - 1 do
+    local p = "model.layers." .. l
+    lin(p .. ".self_attn.q_proj", D, qd)
+    lin(p .. ".self_attn.k_proj", D, kvd)
+    lin(p .. ".self_attn.v_proj", D, kvd)
+    lin(p .. ".self_attn.o_proj", qd, D)
+    if cfg.qk_norm then
+      out[#out + 1] = { name = p .. ".self_attn.q_norm", kind = "norm" }
+      out[#out + 1] = { name = p .. ".self_attn.k_norm", kind = "norm" }
+    end
+    lin(p .. ".mlp.gate_proj", D, F)
+    lin(p .. ".mlp.up_proj", D, F)
+    lin(p .. ".mlp.down_proj", F, D)
+    out[#out + 1] = { name = p .. ".input_layernorm", kind = "norm" }
+    out[#out + 1] = { name = p .. ".post_attention_layernorm", kind = "norm" }
+  end
+  out[#out + 1] = { name = "model.norm", kind = "norm" }
+  lin("lm_head", D, cfg.vocab_size)
+  out[#out].tied = cfg.tied
+  return out
+end
+
 function M.is_model(x) return getmetatable(x) == Model end
 
 function Model:init_random(seed, std)

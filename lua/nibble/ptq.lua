@@ -298,7 +298,8 @@ function M.apply(qm, plan)
   return n
 end
 
--- run(recipe [, args [, opts]]): the whole PTQ. opts: quiet (no stderr output), dry_run (plan only),
+-- run(recipe [, args [, opts]]): the whole PTQ. opts: quiet (no stderr output), dry_run (plan only:
+-- without opts.model it reads the model's config and file headers, no weights, and result.model is nil),
 -- model (an already loaded model object to use instead of model.path), no_export (stop after
 -- calibration: QAD exports later, after training).
 function M.run(r, args, opts)
@@ -310,6 +311,12 @@ function M.run(r, args, opts)
   local export = r.export or {}
   if not opts.dry_run and not opts.no_export and not export.dir then
     error("recipe: export.dir is missing (where to write the checkpoint; nibble quantize: --out DIR)", 0)
+  end
+  if opts.dry_run and not opts.model then
+    -- a plan needs the module list only: the config and file headers, no weights (result.model is nil)
+    if type(mpath) ~= "string" then fail("ptq: the recipe needs model.path (a Hugging Face directory or a .gguf)") end
+    local plan = recipe.resolve(r, require("nibble.model").modules_of(mpath))
+    return { recipe = r, plan = plan, algorithm = check_algorithm(r, plan) }
   end
   local model = opts.model or M.load_model(mpath)
   local plan = recipe.resolve(r, M.modules(model))

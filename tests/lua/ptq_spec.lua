@@ -291,6 +291,50 @@ describe("ptq on stories260K", function()
   end)
 end)
 
+describe("plans without weights", function()
+  it("model.modules_of / read_config (config + file headers) equal the loaded model's modules and config", function()
+    local paths = { llama3, nbspec.source_dir .. "/tests/golden/data/model_qwen3" }
+    if stories then
+      paths[#paths + 1] = stories
+      paths[#paths + 1] = nbspec.shared .. "/stories260K/stories260K.gguf"
+      paths[#paths + 1] = stories .. "/model.safetensors"
+    end
+    for _, path in ipairs(paths) do
+      local m = nibble.model.load(path)
+      assert.are.same(ptq.modules(m), nibble.model.modules_of(path), path)
+      assert.are.same(m.config, nibble.model.read_config(path), path)
+    end
+    -- the qwen3 model has q/k norms, the llama3 one an untied lm_head
+    local q3 = nibble.model.modules_of(nbspec.source_dir .. "/tests/golden/data/model_qwen3")
+    assert.are.equal("norm", q3[6].kind)
+    assert.matches("self_attn.q_norm$", q3[6].name)
+    assert.is_false(nibble.model.modules_of(llama3)[#nibble.model.modules_of(llama3)].tied)
+    assert.matches("cannot open /nonexistent", err_of(nibble.model.read_config, "/nonexistent"), nil, true)
+  end)
+
+  it("a dry run loads no weight: the plan of a checkpoint whose weights nb_model_load refuses", function()
+    if not need(stories) then return end
+    -- model.safetensors with the embedding's dtype changed to I32 in the header (same size): loading
+    -- fails on that weight, planning never looks at it
+    local dir = tmp .. "/bad-weights"
+    os.execute("mkdir -p " .. nbspec.quote(dir))
+    os.execute(("cp %s/config.json %s/"):format(nbspec.quote(stories), nbspec.quote(dir)))
+    local st = nbspec.read(stories .. "/model.safetensors")
+    local bad, k = st:gsub('("model%.embed_tokens%.weight":{"dtype":")F32', "%1I32", 1)
+    assert.are.equal(1, k)
+    local f = assert(io.open(dir .. "/model.safetensors", "wb"))
+    f:write(bad)
+    f:close()
+    assert.matches("model.embed_tokens: the weight is I32", err_of(nibble.model.load, dir), nil, true)
+    local r = ptq.run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = dir } }, nil,
+                      { dry_run = true, quiet = true })
+    assert.is_nil(r.model)
+    local full = ptq.run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories } }, nil,
+                         { dry_run = true, quiet = true, model = nibble.model.load(stories) })
+    assert.are.equal(recipe.format_plan(full.plan), recipe.format_plan(r.plan))
+  end)
+end)
+
 describe("the command line", function()
   it("nibble run recipes/ptq.lua and nibble quantize write the same checkpoint", function()
     if not need(stories) then return end

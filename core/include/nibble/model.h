@@ -127,6 +127,11 @@ nb_status nb_model_init_random(nb_ctx *ctx, nb_model *m, uint64_t seed, double s
  * misshapen tensors and configs that disagree with the weights fail with a message naming them. */
 nb_status nb_model_load(nb_ctx *ctx, const char *path, nb_model **out);
 void nb_model_free(nb_model *m);
+/* The config of the model at path (what nb_model_load would build) from config.json and the safetensors
+ * headers, or the GGUF metadata and tensor table, without reading any weight: for listing modules
+ * (nibble plan). `tied` comes from the files as nb_model_load decides it; the weights' shapes are not
+ * checked (nb_model_load does that). */
+nb_status nb_model_read_config(nb_ctx *ctx, const char *path, nb_model_config *cfg);
 
 const nb_model_config *nb_model_get_config(const nb_model *m);
 int32_t nb_model_format_of(const nb_model *m);          /* nb_model_format */

@@ -506,29 +506,27 @@ static int64_t gkey(nb_gguf *g, const char *arch, const char *suffix) {
     return nb_gguf_find_key(g, k);
 }
 
-static nb_status load_gguf(nb_ctx *ctx, const char *path, nb_model **out) {
-    nb_gguf *g = NULL;
-    nb_status s = nb_gguf_open(ctx, path, &g);
-    if (s) return s;
-    nb_model *m = NULL;
+/* The config of a GGUF file from its metadata (and, for biases, tied output and RoPE factors, its
+ * tensor table); arch receives general.architecture, *rf the index of rope_freqs.weight or -1. */
+static nb_status gguf_config(nb_ctx *ctx, nb_gguf *g, const char *path, nb_model_config *cfgp, char *arch,
+                             int64_t *rf_out) {
+    nb_status s = NB_OK;
     nb_model_config cfg;
     nb_model_config_init(&cfg);
-    src_t S = {1, path, NULL, g, 0, NULL, nb_gguf_tensor_count(g)};
-    char arch[64] = "";
     int64_t k = nb_gguf_find_key(g, "general.architecture");
     uint64_t len = 0;
     const char *a = k >= 0 && nb_gguf_kv_type(g, k) == NB_GGUF_STRING ? nb_gguf_kv_str(g, k, &len) : NULL;
-    if (!a) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing general.architecture", path); goto fail; }
-    snprintf(arch, sizeof arch, "%.*s", (int)(len < 63 ? len : 63), a);
+    if (!a) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing general.architecture", path); goto done; }
+    snprintf(arch, 64, "%.*s", (int)(len < 63 ? len : 63), a);
     if (!strcmp(arch, "llama")) cfg.arch = NB_ARCH_LLAMA;
     else if (!strcmp(arch, "qwen2")) cfg.arch = NB_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) cfg.arch = NB_ARCH_QWEN3;
     else {
         s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported GGUF architecture '%s' (supported: llama, qwen2, qwen3)", path, arch);
-        goto fail;
+        goto done;
     }
 #define REQ(field, key) do { int64_t _i = gkey(g, arch, key); \
-        if (_i < 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing GGUF key '%s.%s'", path, arch, key); goto fail; } \
+        if (_i < 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing GGUF key '%s.%s'", path, arch, key); goto done; } \
         cfg.field = nb_gguf_kv_int(g, _i); } while (0)
     REQ(n_layers, "block_count");
     REQ(hidden_size, "embedding_length");
@@ -537,12 +535,12 @@ static nb_status load_gguf(nb_ctx *ctx, const char *path, nb_model **out) {
 #undef REQ
     int64_t i;
     cfg.n_kv_heads = (i = gkey(g, arch, "attention.head_count_kv")) >= 0 ? nb_gguf_kv_int(g, i) : cfg.n_heads;
-    if (cfg.n_heads <= 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: head_count must be positive", path); goto fail; }
+    if (cfg.n_heads <= 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: head_count must be positive", path); goto done; }
     cfg.head_dim = (i = gkey(g, arch, "attention.key_length")) >= 0 ? nb_gguf_kv_int(g, i) : cfg.hidden_size / cfg.n_heads;
     if ((i = gkey(g, arch, "rope.dimension_count")) >= 0 && nb_gguf_kv_int(g, i) != cfg.head_dim) {
         s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: partial rotary embeddings (%s.rope.dimension_count %lld < head dim %lld) are not supported",
                     path, arch, (long long)nb_gguf_kv_int(g, i), (long long)cfg.head_dim);
-        goto fail;
+        goto done;
     }
     cfg.rms_eps = (i = gkey(g, arch, "attention.layer_norm_rms_epsilon")) >= 0 ? nb_gguf_kv_float(g, i) : 1e-5;
     cfg.rope_theta = (i = gkey(g, arch, "rope.freq_base")) >= 0 ? nb_gguf_kv_float(g, i) : 10000.0;
@@ -557,11 +555,11 @@ static nb_status load_gguf(nb_ctx *ctx, const char *path, nb_model **out) {
             cfg.rope_factor = f >= 0 ? nb_gguf_kv_float(g, f) : 1.0;
         } else if (strcmp(ty, "none") != 0) {
             s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: %s.rope.scaling.type '%s' is not supported (none, linear)", path, arch, ty);
-            goto fail;
+            goto done;
         }
     }
     int64_t emb = nb_gguf_find_tensor(g, "token_embd.weight");
-    if (emb < 0) { s = nb_fail(ctx, NB_ERR_NOT_FOUND, "missing tensor 'token_embd.weight' in %s", path); goto fail; }
+    if (emb < 0) { s = nb_fail(ctx, NB_ERR_NOT_FOUND, "missing tensor 'token_embd.weight' in %s", path); goto done; }
     cfg.vocab_size = (i = gkey(g, arch, "vocab_size")) >= 0 ? nb_gguf_kv_int(g, i) : nb_gguf_tensor_at(g, emb)->ne[1];
     cfg.bos_token_id = (i = nb_gguf_find_key(g, "tokenizer.ggml.bos_token_id")) >= 0 ? (int32_t)nb_gguf_kv_int(g, i) : -1;
     cfg.n_eos = 0;
@@ -576,6 +574,22 @@ static nb_status load_gguf(nb_ctx *ctx, const char *path, nb_model **out) {
     cfg.tied = nb_gguf_find_tensor(g, "output.weight") < 0;
     int64_t rf = nb_gguf_find_tensor(g, "rope_freqs.weight");
     if (rf >= 0) cfg.rope_kind = NB_ROPE_FREQ_FACTORS;
+    *rf_out = rf;
+done:
+    *cfgp = cfg;
+    return s;
+}
+
+static nb_status load_gguf(nb_ctx *ctx, const char *path, nb_model **out) {
+    nb_gguf *g = NULL;
+    nb_status s = nb_gguf_open(ctx, path, &g);
+    if (s) return s;
+    nb_model *m = NULL;
+    nb_model_config cfg;
+    src_t S = {1, path, NULL, g, 0, NULL, nb_gguf_tensor_count(g)};
+    char arch[64] = "";
+    int64_t rf = -1;
+    if ((s = gguf_config(ctx, g, path, &cfg, arch, &rf))) goto fail;
     if ((s = new_shell(ctx, &cfg, NB_MODEL_GGUF, path, &m))) goto fail;
     S.used = calloc((size_t)(S.n_file ? S.n_file : 1), 1);
     if (!S.used) { s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); goto fail; }
@@ -613,6 +627,60 @@ fail:
     nb_model_free(m);
     nb_gguf_close(g);
     return s;
+}
+
+/* ---- the config alone ----------------------------------------------------------------------- */
+
+static nb_status hf_read_config(nb_ctx *ctx, const char *dir, nb_model_config *cfg) {
+    char cpath[4096];
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    nb_status s;
+    char *text = read_file(ctx, cpath, &s);
+    if (!text) return s;
+    int tie = -1;
+    s = parse_hf_config(ctx, cpath, text, cfg, &tie);
+    free(text);
+    if (s) return s;
+    /* tied or not is decided by the files, as nb_model_load decides it: the safetensors headers only */
+    nb_st *st = NULL;
+    if ((s = nb_st_open(ctx, dir, &st))) return s;
+    int has_lm = nb_st_find(st, "lm_head.weight") >= 0 || (tie != 1 && nb_st_find(st, "lm_head.weight_packed") >= 0);
+    nb_st_close(st);
+    if (tie == 0 && !has_lm)
+        return nb_fail(ctx, NB_ERR_NOT_FOUND, "missing tensor 'lm_head.weight' in %s (config.json says tie_word_embeddings: false)",
+                       dir);
+    cfg->tied = !has_lm || tie == 1;
+    return nb_model_validate_config(ctx, cfg);
+}
+
+nb_status nb_model_read_config(nb_ctx *ctx, const char *path, nb_model_config *cfg) {
+    nb_model_config_init(cfg);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return nb_fail(ctx, NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) return hf_read_config(ctx, path, cfg);
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    size_t n = f ? fread(magic, 1, 4, f) : 0;
+    if (f) fclose(f);
+    if (n == 4 && !memcmp(magic, "GGUF", 4)) {
+        nb_gguf *g = NULL;
+        nb_status s = nb_gguf_open(ctx, path, &g);
+        if (s) return s;
+        char arch[64] = "";
+        int64_t rf = -1;
+        s = gguf_config(ctx, g, path, cfg, arch, &rf);
+        nb_gguf_close(g);
+        return s ? s : nb_model_validate_config(ctx, cfg);
+    }
+    size_t pl = strlen(path);
+    if (pl > 12 && !strcmp(path + pl - 12, ".safetensors")) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+        return hf_read_config(ctx, dir, cfg);
+    }
+    return nb_fail(ctx, NB_ERR_FORMAT, "%s is neither a model directory (config.json + safetensors) nor a GGUF file", path);
 }
 
 nb_status nb_model_load(nb_ctx *ctx, const char *path, nb_model **out) {
