@@ -18,7 +18,10 @@ fixed batch of token ids), and written with the real `export_hf_checkpoint`. The
 Weight amax under max calibration is max|w| (deterministic); nibble computes the same from the same
 weights. Input amax depends on the forward pass, so it is recorded here (before export) and the test
 gives nibble the same values; so do the K/V amaxes (kv_amax: {layer: [k, v]}), which the test also
-compares with nibble's own calibration on the same token ids. Written into tests/golden/data/modelopt_export/:
+compares with nibble's own calibration on the same token ids. For the KV case the forward with ModelOpt's
+own K/V fake quant (weight quantizers switched off) is recorded too: kv_nll, the mean NLL of the first
+512 validation tokens (stories260K/reference/valid_chunk0.json) over positions 256..510, as llama.cpp
+scores a chunk; base_nll the same without quantization. Written into tests/golden/data/modelopt_export/:
 
   <case>.safetensors  every tensor of the quantized modules (weight, weight_scale, weight_scale_2,
                       input_scale) exactly as ModelOpt wrote it
@@ -74,6 +77,14 @@ def amax_of(q):
     return float(a[0]) if a.numel() == 1 else None
 
 
+def chunk_nll(model, hf_dir):
+    with open(os.path.join(hf_dir, "..", "reference", "valid_chunk0.json")) as f:
+        ids = torch.tensor([json.load(f)["ids"]])
+    with torch.no_grad():
+        lp = model(ids).logits[0].double().log_softmax(-1)
+    return float(-sum(lp[p, ids[0, p + 1]] for p in range(256, 511)) / 255)
+
+
 def run_case(hf_dir, name, cfg_name, disable_down):
     model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     model.eval()
@@ -91,7 +102,17 @@ def run_case(hf_dir, name, cfg_name, disable_down):
         with torch.no_grad():
             m(ids)
 
+    base_nll = chunk_nll(model, hf_dir) if name.endswith("_kv") else None
     mtq.quantize(model, cfg, loop)
+    kv_nll = None
+    if name.endswith("_kv"):
+        wqs = [m.weight_quantizer for m in model.modules()
+               if getattr(m, "weight_quantizer", None) is not None and m.weight_quantizer.is_enabled]
+        for q in wqs:
+            q.disable()
+        kv_nll = chunk_nll(model, hf_dir)
+        for q in wqs:
+            q.enable()
     input_amax, weight_amax, kv_amax = {}, {}, {}
     for l, layer in enumerate(model.model.layers):
         att = layer.self_attn
@@ -137,6 +158,8 @@ def run_case(hf_dir, name, cfg_name, disable_down):
         "input_amax": input_amax,
         "weight_amax": weight_amax,
         "kv_amax": kv_amax,
+        "kv_nll": kv_nll,
+        "base_nll": base_nll,
         "hf_quant_config": hf_quant_config,
         "quantization_config": qc,
         "model_safetensors_sha256": sha,

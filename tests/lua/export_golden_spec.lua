@@ -38,6 +38,43 @@ local function bytes(t)
   return ffi.string(t:data(), t.nbytes)
 end
 
+-- mean NLL of positions 256..510 of ids (llama.cpp's scoring of one 512-token chunk)
+local function chunk_nll(m, ids)
+  local p = m:forward({ ids }):data("const float *")
+  local V, s = m.config.vocab_size, 0
+  for pos = 256, 510 do
+    local row, mx = pos * V, -math.huge
+    for j = 0, V - 1 do mx = math.max(mx, p[row + j]) end
+    local z = 0
+    for j = 0, V - 1 do z = z + math.exp(p[row + j] - mx) end
+    s = s + math.log(z) + mx - p[row + ids[pos + 2]]
+  end
+  return s / 255
+end
+
+describe("FP8 KV cache fake quant equals ModelOpt's", function()
+  it("the same K/V amaxes give the NLL ModelOpt's k/v_bmm_quantizers give (weights unquantized)", function()
+    if not stories then pending("../shared/data is absent") return end
+    local g = nibble.json.decode(nbspec.read(golden .. "/w4a16_kv.json"))
+    local ids = nibble.json.decode(nbspec.read(nbspec.data("stories260K/reference/valid_chunk0.json"))).ids
+    local m = nibble.model.load(stories)
+    local base = chunk_nll(m, ids)
+    assert.is_true(math.abs(base - g.base_nll) < 2e-5, ("base %.7f vs %.7f"):format(base, g.base_nll))
+    local qm = qmodel.new(m)
+    qm:set_kv("fp8")
+    for l, kvv in pairs(g.kv_amax) do
+      qm:kv_quantizer(tonumber(l), "k"):set_state { amax = kvv[1] }
+      qm:kv_quantizer(tonumber(l), "v"):set_state { amax = kvv[2] }
+    end
+    qm:set_fake(true)
+    local kv = chunk_nll(m, ids)
+    assert.is_true(math.abs(kv - g.kv_nll) < 2e-5, ("FP8 KV %.7f vs ModelOpt %.7f"):format(kv, g.kv_nll))
+    assert.is_true(kv - base > 0.05)   -- the FP8 cache costs this tiny model (head_dim 8) that much
+    qm:set_fake(false)
+    assert.are.equal(base, chunk_nll(m, ids))
+  end)
+end)
+
 describe("export equals ModelOpt's export_hf_checkpoint", function()
   for _, case in ipairs { "w4a16", "nvfp4", "mxfp8", "fp8", "mixed", "w4a16_kv" } do
     it(case, function()

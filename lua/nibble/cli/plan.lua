@@ -2,7 +2,8 @@
 -- Usage: nibble plan RECIPE [key=value ...]
 -- RECIPE is a declarative recipe file (a table, e.g. recipes/ptq.lua); key=value pairs reach it as
 -- arg.key. The recipe is validated (unknown keys, globs that match nothing, block sizes) before
--- anything else; the model named by model.path is opened to list its modules. Nothing is quantized.
+-- anything else; only the model's config and file headers (safetensors header, GGUF metadata) are
+-- read to list its modules, no weights. Nothing is quantized.
 local USAGE = "usage: nibble plan RECIPE [key=value ...]\n"
 
 local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
