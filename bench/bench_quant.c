@@ -1,9 +1,12 @@
 /* Quantizer throughput on a 4096x4096 BF16 weight: nb_quantize for NVFP4 (dynamic, four_over_six
- * static and per-block pick), MXFP8 and FP8 (per tensor, per channel), AVX2 path vs scalar
- * reference, as GB/s of input read and as a ratio to memcpy of the same bytes on the same threads,
- * measured in this process. Also splits one quantize into its passes to show where time goes.
+ * static and per-block pick), MXFP8 and FP8 (per tensor, per channel), AVX-512 / AVX2 paths vs the
+ * scalar reference, as GB/s of input read and as a ratio to memcpy of the same bytes on the same
+ * threads, measured in this process. Each case runs twice: "new" (nb_quantize allocates the output
+ * each time) and "into" (nb_quantize_into reuses one output, like memcpy's pre-faulted destination).
+ * "_cal" cases pass the per-tensor amax (as a calibrated quantizer does), so no amax pass runs.
+ * Also prints the bytes each case must move and the amax pass timed alone.
  * Usage: bench_quant [--threads N] [--reps N] [--input raw_bf16_4096x4096.bin] [--formats a,b,..]
- *                    [--paths avx2,reference] [--quick] */
+ *                    [--paths avx512,avx2,reference] [--quick] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,19 +94,38 @@ typedef struct bcase {
 
 static const bcase CASES[] = {
     {"nvfp4", NB_FMT_NVFP4, 0},
+    {"nvfp4_cal", NB_FMT_NVFP4, 2},
     {"nvfp4_46", NB_FMT_NVFP4_46, 1},
     {"nvfp4_46_pick", NB_FMT_NVFP4_46, 0},
     {"mxfp8", NB_FMT_MXFP8, 0},
     {"fp8", NB_FMT_FP8_TENSOR, 0},
+    {"fp8_cal", NB_FMT_FP8_TENSOR, 2},
     {"fp8_channel", NB_FMT_FP8_CHANNEL, 0},
 };
 
-static timing time_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, int reps) {
+/* Bytes a case must move at least: read the bf16 input (twice when the per-tensor amax comes from
+ * the data: one pass for amax and NaN/Inf, one to quantize), write data and scales. */
+static double case_bytes(const bcase *c, int64_t numel) {
+    double in = 2.0 * (double)numel, out;
+    int two_pass = (c->fmt == NB_FMT_NVFP4 && c->static_blocks == 0) || (c->fmt == NB_FMT_FP8_TENSOR && c->static_blocks == 0);
+    if (c->fmt == NB_FMT_NVFP4 || c->fmt == NB_FMT_NVFP4_46) out = numel / 2.0 + numel / 16.0;
+    else if (c->fmt == NB_FMT_MXFP8) out = numel + numel / 32.0;
+    else out = (double)numel;
+    if (c->static_blocks == 1) in += 4.0 * numel / 16.0;   /* the f32 per-block amax */
+    return in * (two_pass ? 2 : 1) + out;
+}
+
+static timing time_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, int reps, int into) {
     double *t = malloc((size_t)reps * sizeof *t), *c = malloc((size_t)reps * sizeof *c);
+    nb_qtensor *keep = NULL;
+    if (into && nb_quantize(ctx, x, p, &keep)) {
+        fprintf(stderr, "nb_quantize: %s\n", nb_ctx_last_error(ctx));
+        exit(1);
+    }
     for (int r = -2; r < reps; r++) {
         nb_qtensor *q = NULL;
         double t0 = now_s(), c0 = cpu_s();
-        nb_status s = nb_quantize(ctx, x, p, &q);
+        nb_status s = into ? nb_quantize_into(ctx, x, p, keep) : nb_quantize(ctx, x, p, &q);
         double dt = now_s() - t0, dc = cpu_s() - c0;
         if (s) {
             fprintf(stderr, "nb_quantize: %s\n", nb_ctx_last_error(ctx));
@@ -115,6 +137,7 @@ static timing time_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p
             c[r] = dc;
         }
     }
+    nb_qtensor_release(keep);
     timing tm;
     tm.wall = median_best(t, reps, &tm.best);
     tm.cpu = median_best(c, reps, NULL);
@@ -123,41 +146,20 @@ static timing time_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p
     return tm;
 }
 
-/* ---- where time goes: the passes of one quantize, timed alone ------------------------------------ */
+/* ---- the amax pass alone: max |x| and the NaN/Inf scan over the whole tensor, threaded -------- */
 
-typedef struct pass_job {
+typedef struct amax_job {
     const uint16_t *x;
-    float *f;
-    const nb_qformat_traits *tr;
-    nb_qrow_args a;
-    uint8_t *q, *s;
-    int mode;   /* 0 absmax, 1 bf16->f32 rows, 2 rows on f32 */
+    int64_t per;
     float part[64];
-} pass_job;
+} amax_job;
 
-static void pass_range(void *arg, int64_t b, int64_t e) {
-    pass_job *j = arg;
-    if (j->mode == 0) {
+static void amax_range(void *arg, int64_t b, int64_t e) {
+    amax_job *j = arg;
+    for (int64_t c = b; c < e; c++) {
         int nf;
-        j->part[b * 63 / ROWS] = nbq_fast_absmax(j->x + b * COLS, NB_BF16, (e - b) * COLS, &nf);
-        return;
+        j->part[c] = nbq_fast_absmax(j->x + c * j->per, NB_BF16, j->per, &nf);
     }
-    for (int64_t r = b; r < e; r++) {
-        if (j->mode == 1) nbq_fast_load_f32(j->x + r * COLS, NB_BF16, COLS, j->f + r * COLS);
-        else j->tr->quantize_row(j->f + r * COLS, COLS, &j->a, j->q + r * COLS, j->s + r * (COLS / 16));
-    }
-}
-
-static double time_pass(nb_ctx *ctx, pass_job *j, int reps) {
-    double *t = malloc((size_t)reps * sizeof *t);
-    for (int r = -1; r < reps; r++) {
-        double t0 = now_s();
-        nb_parallel_for(ctx, ROWS, 1, pass_range, j);
-        if (r >= 0) t[r] = now_s() - t0;
-    }
-    double m = median_best(t, reps, NULL);
-    free(t);
-    return m;
 }
 
 static int wanted(const char *list, const char *label) {
@@ -170,7 +172,7 @@ static int wanted(const char *list, const char *label) {
 
 int main(int argc, char **argv) {
     int threads = 2, reps = 15, quick = 0;
-    const char *input = NULL, *formats = NULL, *pathlist = "avx2,reference";
+    const char *input = NULL, *formats = NULL, *pathlist = "avx512,avx2,reference";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -179,7 +181,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--paths") && i + 1 < argc) pathlist = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--input raw.bin] [--formats nvfp4,mxfp8,..] [--paths avx2,reference] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--input raw.bin] [--formats nvfp4,mxfp8,..] [--paths avx512,avx2,reference] [--quick]\n", argv[0]);
             return 2;
         }
     }
@@ -208,12 +210,18 @@ int main(int argc, char **argv) {
     double gb = (double)bytes / 1e9;
     printf("nibble bench_quant: %dx%d bf16 (%.1f MiB), %d threads, %d runs each; CPU path at load: %s\n", ROWS, COLS,
            (double)bytes / 1048576.0, threads, reps, nb_quant_cpu_path());
-    printf("memcpy of the same bytes: median %.3f ms = %.1f GB/s, best %.3f ms = %.1f GB/s, cpu %.3f ms\n", cp.wall * 1e3,
-           gb / cp.wall, cp.best * 1e3, gb / cp.best, cp.cpu * 1e3);
+    printf("memcpy of the same bytes (destination pre-faulted, reused): median %.3f ms = %.1f GB/s, best %.3f ms = %.1f GB/s, "
+           "cpu %.3f ms\n",
+           cp.wall * 1e3, gb / cp.wall, cp.best * 1e3, gb / cp.best, cp.cpu * 1e3);
+    printf("memcpy moves %.0f MiB (read + write): %.1f GB/s of traffic at its best\n", 2.0 * bytes / 1048576.0,
+           2.0 * gb / cp.best);
     printf("GB/s in = input bytes / best wall time; ratio = memcpy / quantize time: medians, bests, and process CPU\n"
-           "times (all threads: the work done, robust to other load on the machine)\n\n");
-    printf("%-15s %-10s %9s %9s %9s %9s %7s %7s %7s\n", "format", "path", "ms", "best ms", "cpu ms", "GB/s in", "ratio",
-           "best", "cpu");
+           "times (all threads: the work done, robust to other load on the machine). out: new = nb_quantize allocates\n"
+           "the output each call, into = nb_quantize_into reuses one (as memcpy reuses its destination). MiB = the\n"
+           "least traffic the case needs (input read once, or twice with an amax pass, plus outputs); min ms = that\n"
+           "traffic at memcpy's best GB/s\n\n");
+    printf("%-14s %-9s %-4s %8s %8s %8s %7s %6s %6s %6s %5s %6s\n", "format", "path", "out", "ms", "best ms", "cpu ms",
+           "GB/s in", "ratio", "best", "cpu", "MiB", "min ms");
 
     /* per-block amax for the four_over_six export path: max calibration, every 3rd block at x1.5 */
     nb_tensor *bam = NULL;
@@ -228,52 +236,50 @@ int main(int argc, char **argv) {
         }
         bd[b] = b % 3 ? m : m * 1.5f;
     }
-    const char *paths[2] = {"avx2", "reference"};
+    int nf;
+    const float data_amax = nbq_fast_absmax(xd, NB_BF16, (int64_t)ROWS * COLS, &nf);
+    const double traffic_gbs = 2.0 * gb / cp.best;
+    const char *paths[3] = {"avx512", "avx2", "reference"};
     for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
         if (!wanted(formats, CASES[c].label)) continue;
         nb_qparams p;
         nb_qparams_init(&p, CASES[c].fmt);
-        if (CASES[c].static_blocks) p.block_amax = bam;
-        for (int k = 0; k < 2; k++) {
+        if (CASES[c].static_blocks == 1) p.block_amax = bam;
+        if (CASES[c].static_blocks == 2) p.amax = data_amax;   /* calibrated: what max calibration stores */
+        double mib = case_bytes(&CASES[c], (int64_t)ROWS * COLS) / 1048576.0;
+        for (int k = 0; k < 3; k++) {
             if (!wanted(pathlist, paths[k])) continue;
             if (nb_quant_set_cpu_path(ctx, paths[k])) {
-                printf("%-15s %-10s %s\n", CASES[c].label, paths[k], nb_ctx_last_error(ctx));
+                printf("%-14s %-9s %s\n", CASES[c].label, paths[k], nb_ctx_last_error(ctx));
                 continue;
             }
-            int r = k == 1 ? (quick ? 1 : 3) : reps;
-            timing tq = time_quantize(ctx, x, &p, r);
-            printf("%-15s %-10s %9.3f %9.3f %9.3f %9.2f %7.3f %7.3f %7.3f\n", CASES[c].label, paths[k], tq.wall * 1e3,
-                   tq.best * 1e3, tq.cpu * 1e3, gb / tq.best, cp.wall / tq.wall, cp.best / tq.best, cp.cpu / tq.cpu);
+            for (int into = 0; into < 2; into++) {
+                if (k == 2 && into) continue;
+                int r = k == 2 ? (quick ? 1 : 3) : reps;
+                timing tq = time_quantize(ctx, x, &p, r, into);
+                printf("%-14s %-9s %-4s %8.3f %8.3f %8.3f %7.2f %6.3f %6.3f %6.3f %5.0f %6.3f\n", CASES[c].label, paths[k],
+                       into ? "into" : "new", tq.wall * 1e3, tq.best * 1e3, tq.cpu * 1e3, gb / tq.best, cp.wall / tq.wall,
+                       cp.best / tq.best, cp.cpu / tq.cpu, mib, mib * 1048576.0 / 1e9 / traffic_gbs * 1e3);
+            }
         }
     }
     nb_quant_set_cpu_path(ctx, "auto");
 
-    /* where the time of one nvfp4 quantize goes (AVX2 path) */
-    if (wanted(formats, "nvfp4")) {
-        pass_job j;
-        memset(&j, 0, sizeof j);
+    /* the amax pass that nvfp4 and fp8 (amax from the data) run before quantizing */
+    {
+        amax_job j;
         j.x = xd;
-        j.f = malloc((size_t)ROWS * COLS * sizeof(float));
-        j.q = malloc((size_t)ROWS * COLS);
-        j.s = malloc((size_t)ROWS * COLS / 16);
-        j.tr = nb_qformat_info(NB_FMT_NVFP4);
-        j.mode = 1;
-        time_pass(ctx, &j, 1);
-        int nf;
-        float amax = nbq_fast_absmax(xd, NB_BF16, (int64_t)ROWS * COLS, &nf);
-        j.a.scale = nb_nvfp4_scale2(amax, 448.0f);
-        j.a.global_amax = amax;
-        j.a.div_dtype = NB_F32;
-        printf("\nnvfp4 passes (avx2, %d threads), each timed alone:\n", threads);
-        j.mode = 0;
-        printf("  absmax + NaN/Inf scan of the bf16 tensor: %.3f ms\n", time_pass(ctx, &j, reps) * 1e3);
-        j.mode = 1;
-        printf("  bf16 -> f32 rows:                          %.3f ms\n", time_pass(ctx, &j, reps) * 1e3);
-        j.mode = 2;
-        printf("  row functions on f32 rows:                 %.3f ms\n", time_pass(ctx, &j, reps) * 1e3);
-        free(j.f);
-        free(j.q);
-        free(j.s);
+        j.per = (int64_t)ROWS * COLS / 64;
+        double *t = malloc((size_t)reps * sizeof *t);
+        for (int r = -1; r < reps; r++) {
+            double t0 = now_s();
+            nb_parallel_for(ctx, 64, 1, amax_range, &j);
+            if (r >= 0) t[r] = now_s() - t0;
+        }
+        double best, med = median_best(t, reps, &best);
+        printf("\namax + NaN/Inf pass alone (reads the 32 MiB once, %d threads): median %.3f ms, best %.3f ms "
+               "(= %.2f of memcpy's best time)\n", threads, med * 1e3, best * 1e3, best / cp.best);
+        free(t);
     }
     free(dst);
     nb_tensor_release(bam);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # nibble vs ModelOpt's CPU weight quantization on the same 4096x4096 BF16 tensor, same thread count:
 # bench_quant_modelopt.py writes the tensor and times ModelOpt, bench_quant times nibble on those
-# bytes (--input), and the table gives ModelOpt ms / nibble ms per format.
+# bytes (--input), and the table gives ModelOpt ms / nibble ms per format (nibble: nb_quantize on its
+# fastest path, allocating the output each call like ModelOpt).
 # Usage: bench/bench_quant_modelopt.sh [BUILD_DIR]   (env: THREADS=2 REPS=5 NIBBLE_PYTHON=/root/nbvenv/bin/python)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -15,16 +16,19 @@ w=$(mktemp /tmp/nibble_bench_w_bf16.XXXXXX)
 trap 'rm -f "$w"' EXIT
 
 mo=$("$py" "$here/bench_quant_modelopt.py" --threads "$threads" --reps "$reps" --out "$w")
-nb=$("$bin" --threads "$threads" --reps $((reps * 3)) --input "$w" --paths avx2,reference)
+nb=$("$bin" --threads "$threads" --reps $((reps * 3)) --input "$w" --paths avx512,avx2,reference)
 echo "$mo" | grep '^#' || true
 echo "$nb" | head -2
 echo
 printf '%-14s %14s %14s %10s\n' format "modelopt ms" "nibble ms" speedup
 for f in nvfp4 nvfp4_46 mxfp8 fp8 fp8_channel; do
   m=$(echo "$mo" | awk -v f="$f" '$1 == "modelopt" && $2 == f {print $3}')
-  # nibble's fastest path on this CPU: the avx2 line when present, else the reference line
-  n=$(echo "$nb" | awk -v f="$f" '$1 == f && $2 == "avx2" && $3 ~ /^[0-9.]+$/ {print $3; exit}')
-  [ -n "$n" ] || n=$(echo "$nb" | awk -v f="$f" '$1 == f && $2 == "reference" {print $3; exit}')
+  # nibble's fastest path on this CPU (avx512, else avx2, else the reference), nb_quantize allocating its
+  # output each call ("new"), as ModelOpt's calls do
+  n=""
+  for path in avx512 avx2 reference; do
+    [ -n "$n" ] || n=$(echo "$nb" | awk -v f="$f" -v p="$path" '$1 == f && $2 == p && $3 == "new" && $4 ~ /^[0-9.]+$/ {print $4; exit}')
+  done
   if [ -n "$m" ] && [ -n "$n" ]; then
     printf '%-14s %14.3f %14.3f %9.1fx\n' "$f" "$m" "$n" "$(echo "$m / $n" | bc -l)"
   fi

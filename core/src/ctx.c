@@ -221,7 +221,17 @@ void nb_ctx_mem(const nb_ctx *ctx, nb_mem_stats *out) {
     pthread_mutex_unlock((pthread_mutex_t *)&ctx->mem_mu);
 }
 
+/* nb_alloc without the zero fill, for outputs that are written in full (declared in tensor.c, which
+ * uses it for nb_buffer_new_uninit). */
+void *nb_alloc_uninit(nb_ctx *ctx, size_t bytes);
+
 void *nb_alloc(nb_ctx *ctx, size_t bytes) {
+    void *p = nb_alloc_uninit(ctx, bytes);
+    if (p) memset(p, 0, bytes ? (bytes + 63) & ~(size_t)63 : 64);
+    return p;
+}
+
+void *nb_alloc_uninit(nb_ctx *ctx, size_t bytes) {
     void *p = NULL;
     size_t sz = (bytes + 63) & ~(size_t)63;
     if (sz == 0) sz = 64;
@@ -229,7 +239,6 @@ void *nb_alloc(nb_ctx *ctx, size_t bytes) {
         if (ctx) nb_fail(ctx, NB_ERR_NOMEM, "out of memory allocating %zu bytes", bytes);
         return NULL;
     }
-    memset(p, 0, sz);
     if (ctx) {
         pthread_mutex_lock(&ctx->mem_mu);
         ctx->mem.live_bytes += (int64_t)bytes;

@@ -45,6 +45,21 @@ nb_status nb_buffer_new(nb_ctx *ctx, size_t bytes, nb_buffer **out) {
     return NB_OK;
 }
 
+void *nb_alloc_uninit(nb_ctx *ctx, size_t bytes);   /* ctx.c: nb_alloc without the zero fill */
+
+nb_status nb_buffer_new_uninit(nb_ctx *ctx, size_t bytes, nb_buffer **out) {
+    *out = NULL;
+    nb_buffer *b = NULL;
+    nb_status s = buffer_alloc_struct(ctx, &b);
+    if (s) return s;
+    b->kind = NB_BUF_HEAP;
+    b->size = bytes;
+    b->data = nb_alloc_uninit(ctx, bytes);
+    if (!b->data) { nb_buffer_release(b); return NB_ERR_NOMEM; }
+    *out = b;
+    return NB_OK;
+}
+
 nb_status nb_buffer_mmap(nb_ctx *ctx, const char *path, nb_buffer **out) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -180,6 +195,17 @@ nb_status nb_tensor_new(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape
     if (s) return s;
     nb_buffer *b = NULL;
     if ((s = nb_buffer_new(ctx, (size_t)nb_dtype_nbytes(dt, numel_of(ndim, shape)), &b))) return s;
+    s = nb_tensor_wrap(ctx, b, dt, ndim, shape, 0, out);
+    nb_buffer_release(b);
+    return s;
+}
+
+nb_status nb_tensor_new_uninit(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out) {
+    *out = NULL;
+    nb_status s = check_shape(ctx, dt, ndim, shape);
+    if (s) return s;
+    nb_buffer *b = NULL;
+    if ((s = nb_buffer_new_uninit(ctx, (size_t)nb_dtype_nbytes(dt, numel_of(ndim, shape)), &b))) return s;
     s = nb_tensor_wrap(ctx, b, dt, ndim, shape, 0, out);
     nb_buffer_release(b);
     return s;

@@ -1,8 +1,10 @@
 /* The fast quantizer paths against the scalar references, bit for bit: element kernels swept over
  * bit patterns, the table-driven MXFP8 scale byte over every binade edge, every AVX2 row function
  * on random and adversarial rows (zeros, -0, exact E2M1/E4M3 ties, huge, tiny, subnormal, blocks
- * whose scale underflows FP8, NaN-producing zero scales), static and dynamic, and the drivers end
- * to end with both paths. Prints which path the dispatcher chose. */
+ * whose scale underflows FP8, NaN-producing zero scales), static and dynamic, the AVX-512 BF16
+ * kernels on the same kinds of rows and on every bf16 pattern, and the drivers end to end with every
+ * path (odd row counts, rows that are not whole kernel groups, the one-pass NaN/Inf and zero-row
+ * errors, nb_quantize_into). Prints which path the dispatcher chose. */
 #include "nbtest.h"
 #include <stdint.h>
 
@@ -348,13 +350,207 @@ static void test_fp8_rows(void) {
     free(x);
 }
 
+/* ---- AVX-512 BF16-input kernels ------------------------------------------------------------------- */
+
+/* A generated row rounded to bf16 (what the kernels read), finite values only; f keeps it as f32. */
+static void bf16_row(float *f, uint16_t *h, int64_t n, int block, int kind, int t) {
+    gen_row(f, n, block, kind, t);
+    for (int64_t i = 0; i < n; i++) {
+        h[i] = nb_f32_to_bf16(f[i]);
+        if ((h[i] & 0x7F80) == 0x7F80) h[i] = (uint16_t)((h[i] & 0x8000) | 0x7F7F);   /* inf after rounding: FLT_MAX-ish */
+        f[i] = nb_bf16_to_f32(h[i]);
+    }
+}
+
+static int64_t n_bf16_rows = 0;
+
+/* nbq_avx512_quantize_bf16 against the reference row on the same values. */
+static void compare_bf16(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, const uint16_t *h, int64_t n,
+                         const nb_qrow_args *a, const char *mode) {
+    const nb_qformat_traits *tr = nb_qformat_info(f);
+    int64_t qb = nbq_is_nvfp4(f) ? n / 2 : n, sbn = tr->block_size ? n / tr->block_size : 0;
+    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
+    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
+    ref(x, n, a, q0, s0);
+    if (nbq_avx512_quantize_bf16(f, h, n, a, q1, s1) == 0) {
+        CHECK_SAME(tr->name, q0, q1, qb, "avx512 bf16 data, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+        CHECK_SAME(tr->name, s0, s1, sbn, "avx512 bf16 scales, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+        n_bf16_rows++;
+    }
+    free(q0); free(q1); free(s0); free(s1);
+}
+
+static void test_bf16_kernels(void) {
+    static const int64_t lens[] = {32, 96, 256, 288, 512, 544, 1024, 4096, 4128, 8192};
+    float *x = malloc(8192 * 4), *bam = malloc(8192 / 16 * 4);
+    uint16_t *h = malloc(8192 * 2);
+    nb_qrow_args a;
+    for (int trial = 0; trial < 1600; trial++) {
+        int64_t n = lens[trial % 10];
+        int kind = (trial / 10) % (KINDS + 4) - 4;
+        if (kind < 0) kind = -1;
+        int t = (int)(rnd32() % 40) - 20;
+        /* NVFP4: the driver's s2, a power of two (E2M1 ties land exactly), arbitrary */
+        bf16_row(x, h, n, 16, kind, t);
+        memset(&a, 0, sizeof a);
+        a.div_dtype = NB_F32;
+        float amax = row_absmax(x, n);
+        int mode = trial % 3;
+        a.global_amax = amax > 0.0f ? amax : 1.0f;
+        a.scale = mode == 0 ? nb_nvfp4_scale2(a.global_amax, 448.0f) : mode == 1 ? ldexpf(1.0f, t) : (float)(unif() * 3.0) + 1e-6f;
+        compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 dynamic");
+        for (int64_t b = 0; b < n / 16; b++) {
+            float m = row_absmax(x + b * 16, 16);
+            int r = (int)(rnd32() % 4);
+            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(unif() * 4.0);
+        }
+        a.block_amax = bam;
+        a.global_amax = row_absmax(bam, n / 16);
+        if (a.global_amax == 0.0f) a.global_amax = 1.0f;
+        a.scale = nb_nvfp4_scale2(a.global_amax, 448.0f);
+        compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 static");
+        a.scale = nb_nvfp4_scale2(a.global_amax, 256.0f);
+        compare_bf16(NB_FMT_NVFP4_46, nb_nvfp4_46_quantize_row_ref, x, h, n, &a, "nvfp4_46 static");
+        /* MXFP8, both exponent rules */
+        bf16_row(x, h, n, 32, kind, t);
+        memset(&a, 0, sizeof a);
+        a.mx_floor = trial & 1;
+        compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, n, &a, a.mx_floor ? "mxfp8 floor" : "mxfp8 ceil");
+        /* FP8: amax/448 (exact E4M3 and bf16 ties when x are grid values), powers of two, arbitrary */
+        int64_t nf = n - (trial % 7);   /* lengths that are not whole 32-element steps */
+        bf16_row(x, h, nf, 1, kind, t);
+        memset(&a, 0, sizeof a);
+        amax = row_absmax(x, nf);
+        mode = trial % 4;
+        a.scale = mode == 0 ? amax / 448.0f : mode == 1 ? ldexpf(1.0f, (int)(rnd32() % 40) - 20)
+                : mode == 2 ? amax / 448.0f * 0.001f : (float)(unif() * 2.0) + 1e-30f;
+        if (a.scale == 0.0f) a.scale = 1.0f;
+        a.global_amax = amax;
+        a.div_dtype = (trial / 4) % 2 ? NB_BF16 : NB_F32;
+        compare_bf16(a.div_dtype == NB_BF16 ? NB_FMT_FP8_TENSOR : NB_FMT_FP8_CHANNEL, nb_fp8_quantize_row_ref, x, h, nf, &a,
+                     a.div_dtype == NB_BF16 ? "fp8 bf16 div" : "fp8 f32 div");
+    }
+    /* every bf16 pattern below the max through FP8 and MXFP8 (one row per 4096 patterns) */
+    for (uint32_t base = 0; base < 0x10000; base += 4096) {
+        for (int64_t i = 0; i < 4096; i++) {
+            uint16_t v = (uint16_t)(base + (uint32_t)i);
+            h[i] = (v & 0x7F80) == 0x7F80 ? (uint16_t)(v & 0x8000) : v;
+            x[i] = nb_bf16_to_f32(h[i]);
+        }
+        memset(&a, 0, sizeof a);
+        float amax = row_absmax(x, 4096);
+        static const float scs[3] = {1.0f, 0.3f, 7.1e-3f};
+        for (int k = 0; k < 3; k++) {
+            a.scale = k == 0 ? amax / 448.0f : scs[k];
+            a.global_amax = amax;
+            a.div_dtype = NB_BF16;
+            compare_bf16(NB_FMT_FP8_TENSOR, nb_fp8_quantize_row_ref, x, h, 4096, &a, "fp8 bf16 div, all patterns");
+            a.div_dtype = NB_F32;
+            compare_bf16(NB_FMT_FP8_CHANNEL, nb_fp8_quantize_row_ref, x, h, 4096, &a, "fp8 f32 div, all patterns");
+        }
+        a.mx_floor = 0;
+        compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, 4096, &a, "mxfp8, all patterns");
+        a.global_amax = amax;
+        a.scale = nb_nvfp4_scale2(amax, 448.0f);
+        compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, 4096, &a, "nvfp4, all patterns");
+    }
+    /* arguments the kernels leave to the f32 rows */
+    memset(&a, 0, sizeof a);
+    a.scale = 1.0f;
+    a.div_dtype = NB_F16;
+    uint8_t q[64], sc[4];
+    CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
+    a.div_dtype = NB_BF16;
+    a.scale = 0x1p-110f;
+    CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
+    a.scale = 1.0f;
+    a.global_amax = 1.0f;
+    CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4_46, h, 32, &a, q, sc), 1);
+    printf("avx512 bf16 rows compared bit for bit: %lld\n", (long long)n_bf16_rows);
+    free(x); free(bam); free(h);
+}
+
+/* The fused driver: NaN/Inf named with tensor and index in the one-pass formats (no amax pass runs
+ * first), FP8_CHANNEL's zero row after the pass, nb_quantize_into == nb_quantize, its errors. */
+static void test_fused_driver(nb_ctx *ctx) {
+    const int64_t shape[2] = {9, 64};
+    static const nb_dtype dts[3] = {NB_BF16, NB_F32, NB_F16};
+    for (int d = 0; d < 3; d++) {
+        nb_tensor *x = NULL, *bam = NULL;
+        CHECK_OK(ctx, nb_tensor_new(ctx, dts[d], 2, shape, &x));
+        const int64_t bshape[2] = {9, 4};
+        CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, bshape, &bam));
+        if (!x || !bam) return;
+        for (int64_t i = 0; i < 9 * 64; i++) nb_store_elem(nb_tensor_data(x), dts[d], i, (double)((i * 7) % 23) - 11.0);
+        for (int64_t i = 0; i < 36; i++) ((float *)nb_tensor_data(bam))[i] = 11.0f;
+        static const nb_qformat fs[6] = {NB_FMT_MXFP8, NB_FMT_FP8_CHANNEL, NB_FMT_NVFP4, NB_FMT_NVFP4_46, NB_FMT_FP8_TENSOR, NB_FMT_NVFP4};
+        for (int k = 0; k < 6; k++) {
+            nb_qparams p;
+            nb_qparams_init(&p, fs[k]);
+            p.name = "w_proj.weight";
+            if (k == 2 || k == 4) p.amax = 11.0f;          /* calibrated: one pass */
+            if (k == 3) p.block_amax = bam;                 /* static four_over_six: one pass */
+            nb_qtensor *q = NULL, *q2 = NULL;
+            CHECK_OK(ctx, nb_quantize(ctx, x, &p, &q));
+            CHECK_OK(ctx, nb_qtensor_new(ctx, fs[k], 2, shape, &q2));
+            CHECK_OK(ctx, nb_quantize_into(ctx, x, &p, q2));
+            if (q && q2) {
+                CHECK_SAME("into", nb_tensor_data(q->data), nb_tensor_data(q2->data), nb_tensor_nbytes(q->data), "format %d", k);
+                CHECK_SAME("into", nb_tensor_data(q->scale), nb_tensor_data(q2->scale), nb_tensor_nbytes(q->scale), "format %d", k);
+            }
+            /* NaN in row 6 (flat 6*64+5 = 389), then -Inf earlier in row 2 (flat 133): the first is named */
+            nb_store_elem(nb_tensor_data(x), dts[d], 389, NAN);
+            nb_qtensor *qn = NULL;
+            CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &qn), NB_ERR_NUMERIC, "w_proj.weight: NaN at flat index 389 (element [6, 5])");
+            CHECK(qn == NULL);
+            nb_store_elem(nb_tensor_data(x), dts[d], 133, -INFINITY);
+            CHECK_FAIL(ctx, nb_quantize_into(ctx, x, &p, q), NB_ERR_NUMERIC, "w_proj.weight: -Inf at flat index 133 (element [2, 5])");
+            nb_store_elem(nb_tensor_data(x), dts[d], 389, 1.0);
+            nb_store_elem(nb_tensor_data(x), dts[d], 133, 1.0);
+            nb_qtensor_release(q);
+            nb_qtensor_release(q2);
+        }
+        /* FP8 per channel: an all-zero row is named after the pass (a NaN elsewhere still comes first) */
+        for (int64_t i = 4 * 64; i < 5 * 64; i++) nb_store_elem(nb_tensor_data(x), dts[d], i, 0.0);
+        nb_qparams p;
+        nb_qparams_init(&p, NB_FMT_FP8_CHANNEL);
+        p.name = "w_proj.weight";
+        nb_qtensor *q = NULL;
+        CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_INVALID, "w_proj.weight: row 4 has amax 0");
+        CHECK(q == NULL);
+        nb_store_elem(nb_tensor_data(x), dts[d], 8 * 64 + 1, NAN);
+        CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, "w_proj.weight: NaN at flat index 513 (element [8, 1])");
+        /* a bad calibrated state with a NaN in x: the NaN is reported first, as before */
+        nb_qparams_init(&p, NB_FMT_NVFP4);
+        p.name = "w_proj.weight";
+        p.amax = 0.0f;
+        CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, "w_proj.weight: NaN at flat index 513");
+        nb_store_elem(nb_tensor_data(x), dts[d], 8 * 64 + 1, 1.0);
+        CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_INVALID, "amax is 0");
+        /* nb_quantize_into: wrong format, wrong shape */
+        nb_qparams_init(&p, NB_FMT_MXFP8);
+        nb_qtensor *qo = NULL;
+        CHECK_OK(ctx, nb_qtensor_new(ctx, NB_FMT_FP8_TENSOR, 2, shape, &qo));
+        CHECK_FAIL(ctx, nb_quantize_into(ctx, x, &p, qo), NB_ERR_INVALID, "quantized output is fp8, the parameters ask for mxfp8");
+        nb_qtensor_release(qo);
+        const int64_t other[2] = {9, 96};
+        CHECK_OK(ctx, nb_qtensor_new(ctx, NB_FMT_MXFP8, 2, other, &qo));
+        CHECK_FAIL(ctx, nb_quantize_into(ctx, x, &p, qo), NB_ERR_SHAPE, "shape differs");
+        nb_qtensor_release(qo);
+        nb_tensor_release(x);
+        nb_tensor_release(bam);
+    }
+}
+
 /* ---- drivers end to end with both paths ----------------------------------------------------------- */
 
 /* nb_quantize / nb_fake_quant / nb_qtensor_dequantize with `path` installed vs the references. */
 static void test_drivers(nb_ctx *ctx, const char *path) {
     static const nb_dtype dts[3] = {NB_F32, NB_BF16, NB_F16};
-    const int64_t shape[2] = {37, 2048};
+    static const int64_t shapes[2][2] = {{37, 2048}, {7, 352}};   /* odd row counts; rows that are not whole kernel groups */
+    for (int si = 0; si < 2; si++)
     for (int f = NB_FMT_NVFP4; f < NB_FMT_COUNT; f++) {
+        const int64_t *shape = shapes[si];
         for (int d = 0; d < 3; d++) {
             nb_tensor *x = NULL, *ya = NULL, *yr = NULL, *da = NULL, *dr = NULL;
             CHECK_OK(ctx, nb_tensor_new(ctx, dts[d], 2, shape, &x));
@@ -410,18 +606,33 @@ int main(void) {
         test_mx_scale();
         return nbt_done("test_quant_fast (no AVX2 on this CPU: only the portable pieces ran)");
     }
-    if (!getenv("NIBBLE_QUANT_PATH")) CHECK(strcmp(path, "avx2") == 0);
-    CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "sse9"), NB_ERR_INVALID, "expected auto, avx2 or reference");
+    const char *best = nbq_cpu_has_avx512() ? "avx512" : "avx2";
+    if (!getenv("NIBBLE_QUANT_PATH")) CHECK(strcmp(path, best) == 0);
+    CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "sse9"), NB_ERR_INVALID, "expected auto, avx512, avx2 or reference");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
     CHECK(strcmp(nb_quant_cpu_path(), "reference") == 0);
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "avx2"));
     CHECK(strcmp(nb_quant_cpu_path(), "avx2") == 0);
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+    CHECK(strcmp(nb_quant_cpu_path(), best) == 0);
+    if (!nbq_cpu_has_avx512())
+        CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "avx512"), NB_ERR_UNSUPPORTED, "lacks AVX-512");
     test_elements();
     test_mx_scale();
     test_nvfp4_rows();
     test_mxfp8_rows();
     test_fp8_rows();
     test_drivers(ctx, "avx2");
+    if (nbq_cpu_has_avx512()) {
+        test_bf16_kernels();
+        test_drivers(ctx, "avx512");
+    } else {
+        printf("no AVX-512 F/BW/VL/DQ on this CPU: the BF16 kernels were not run\n");
+    }
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+    test_fused_driver(ctx);
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
+    test_fused_driver(ctx);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
     printf("rows compared bit for bit (quantize, fake, dequantize): %lld\n", (long long)n_rows_checked);
     nb_ctx_release(ctx);

@@ -106,7 +106,8 @@ typedef struct nb_qtensor {
     int32_t refcount;
 } nb_qtensor;
 
-/* Allocate a zeroed quantized tensor of the given logical shape (the last dim must divide the block). */
+/* Allocate a zeroed quantized tensor of the given logical shape (the last dim must divide the block;
+ * nb_quantize_into fills it). */
 nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, nb_qtensor **out);
 /* Wrap existing tensors (e.g. read from a checkpoint); shapes and dtypes are checked; retains them. */
 nb_status nb_qtensor_wrap(nb_ctx *ctx, nb_qformat f, nb_tensor *data, nb_tensor *scale, nb_tensor *scale2,
@@ -139,6 +140,11 @@ void nb_qparams_init(nb_qparams *p, nb_qformat f);
  * Errors: NB_ERR_SHAPE (last dim vs block), NB_ERR_NUMERIC (first NaN/Inf, flat index),
  * NB_ERR_INVALID (a per-tensor amax of 0: an all-zero tensor has no NVFP4/FP8 scale). */
 nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out);
+/* nb_quantize into an existing quantized tensor of the same format and logical shape (from
+ * nb_qtensor_new or an earlier nb_quantize), reusing its buffers: every byte of its data and scales
+ * is rewritten. Same errors as nb_quantize, plus NB_ERR_INVALID / NB_ERR_SHAPE for an output that
+ * does not fit; after an error its contents are unspecified. */
+nb_status nb_quantize_into(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor *q);
 /* out = dequantize(quantize(x)) with the same bits, written in out's dtype (F32/BF16/F16, same
  * shape; out may be x itself). */
 nb_status nb_fake_quant(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_tensor *out);

@@ -6,12 +6,13 @@
 
 #include "nibble/ctx.h"
 
-/* The row functions in use: "avx2" (AVX2+FMA+F16C), "reference" (the scalar references), or
- * "mixed" when nb_qformat_set_rows has installed others for some formats. libnibble picks "avx2"
- * when it loads on a CPU that has it, unless NIBBLE_QUANT_PATH=reference is set in the environment. */
+/* The row functions in use: "avx512" (the AVX2 rows, plus AVX-512 kernels that nb_quantize runs
+ * on BF16 input), "avx2" (AVX2+FMA+F16C), "reference" (the scalar references), or "mixed" when
+ * nb_qformat_set_rows has installed others for some formats. libnibble picks the best the CPU has
+ * when it loads, unless NIBBLE_QUANT_PATH=reference (or =avx2) is set in the environment. */
 const char *nb_quant_cpu_path(void);
-/* Install one path for every format: "auto" (the best this CPU runs), "avx2" or "reference".
- * NB_ERR_UNSUPPORTED when the CPU (or this build) has no AVX2 path, NB_ERR_INVALID for another name.
+/* Install one path for every format: "auto" (the best this CPU runs), "avx512", "avx2" or
+ * "reference". NB_ERR_UNSUPPORTED when the CPU (or this build) lacks the path, NB_ERR_INVALID for another name.
  * Process-wide, like nb_qformat_set_rows: call it while no quantization is running. */
 nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path);
 

@@ -37,6 +37,9 @@ typedef struct nb_tensor {
 
 /* --- buffers ------------------------------------------------------------------------------ */
 nb_status nb_buffer_new(nb_ctx *ctx, size_t bytes, nb_buffer **out);            /* zero-filled heap */
+/* Heap buffer whose contents are unspecified: for outputs every byte of which is written next
+ * (saves the zero fill, a full pass over the memory). */
+nb_status nb_buffer_new_uninit(nb_ctx *ctx, size_t bytes, nb_buffer **out);
 nb_status nb_buffer_mmap(nb_ctx *ctx, const char *path, nb_buffer **out);       /* read-only map of a whole file */
 /* Wrap memory the caller owns; free_fn(user) is called when the last reference goes (may be NULL). */
 nb_status nb_buffer_wrap(nb_ctx *ctx, void *data, size_t bytes, void (*free_fn)(void *), void *user,
@@ -51,6 +54,8 @@ int nb_buffer_writable(const nb_buffer *b);
 /* --- tensors ------------------------------------------------------------------------------ */
 /* New zero-filled contiguous tensor (ndim 0 is a scalar with one element). */
 nb_status nb_tensor_new(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out);
+/* The same with unspecified contents (nb_buffer_new_uninit): the caller writes every element. */
+nb_status nb_tensor_new_uninit(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out);
 /* Contiguous view of `buf` starting `offset` bytes in; fails if it does not fit. Retains buf. */
 nb_status nb_tensor_wrap(nb_ctx *ctx, nb_buffer *buf, nb_dtype dt, int ndim, const int64_t *shape,
                          int64_t offset, nb_tensor **out);

@@ -1,5 +1,5 @@
-/* Chooses the quantizer row functions for this CPU when libnibble loads (AVX2+FMA+F16C, else the
- * scalar references), and holds the pieces the fast paths share: the exact MXFP8 ceil-rule table
+/* Chooses the quantizer row functions for this CPU when libnibble loads (AVX-512 BF16 kernels on top
+ * of the AVX2+FMA+F16C rows, AVX2 alone, else the scalar references), and holds the pieces the fast paths share: the exact MXFP8 ceil-rule table
  * and the bulk dtype helpers (AVX2 or plain C). */
 #include <math.h>
 #include <pthread.h>
@@ -242,9 +242,33 @@ nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *w
 
 /* ---- choosing the rows ------------------------------------------------------------------------------ */
 
+/* The "avx512" path: the AVX2 rows plus nb_quantize's AVX-512 BF16-input kernels. Process-wide, like
+ * the traits table it sits beside. */
+static int BF16_KERNELS = 0;
+
+int nbq_bf16_kernels_for(nb_qformat f) {
+#if NBQ_X86
+    if (!__atomic_load_n(&BF16_KERNELS, __ATOMIC_RELAXED)) return 0;
+    const nb_qformat_traits *t = nb_qformat_info(f);
+    if (!t) return 0;
+    switch (f) {
+    case NB_FMT_NVFP4: return t->quantize_row == nbq_avx2_nvfp4_quantize_row;
+    case NB_FMT_NVFP4_46: return t->quantize_row == nbq_avx2_nvfp4_46_quantize_row;
+    case NB_FMT_MXFP8: return t->quantize_row == nbq_avx2_mxfp8_quantize_row;
+    case NB_FMT_FP8_TENSOR:
+    case NB_FMT_FP8_CHANNEL: return t->quantize_row == nbq_avx2_fp8_quantize_row;
+    default: return 0;
+    }
+#else
+    (void)f;
+    return 0;
+#endif
+}
+
 static nb_status install_avx2(nb_ctx *ctx) {
 #if NBQ_X86
     nb_status s;
+    __atomic_store_n(&BF16_KERNELS, 0, __ATOMIC_RELAXED);
     if ((s = nb_qformat_set_rows(ctx, NB_FMT_NVFP4, nbq_avx2_nvfp4_quantize_row, nbq_avx2_nvfp4_dequantize_row,
                                  nbq_avx2_nvfp4_fake_row)))
         return s;
@@ -263,7 +287,14 @@ static nb_status install_avx2(nb_ctx *ctx) {
 #endif
 }
 
+static nb_status install_avx512(nb_ctx *ctx) {
+    nb_status s = install_avx2(ctx);
+    if (!s) __atomic_store_n(&BF16_KERNELS, 1, __ATOMIC_RELAXED);
+    return s;
+}
+
 static nb_status install_reference(nb_ctx *ctx) {
+    __atomic_store_n(&BF16_KERNELS, 0, __ATOMIC_RELAXED);
     for (nb_qformat f = NB_FMT_NVFP4; f < NB_FMT_COUNT; f++) {
         nb_status s = nb_qformat_set_rows(ctx, f, NULL, NULL, NULL);
         if (s) return s;
@@ -279,8 +310,14 @@ nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path) {
             return nb_fail(ctx, NB_ERR_UNSUPPORTED, "quantizer path avx2: this CPU lacks AVX2, FMA or F16C");
         return install_avx2(ctx);
     }
-    if (strcmp(path, "auto") == 0) return nbq_cpu_has_avx2() ? install_avx2(ctx) : install_reference(ctx);
-    return nb_fail(ctx, NB_ERR_INVALID, "quantizer path '%s': expected auto, avx2 or reference", path);
+    if (strcmp(path, "avx512") == 0) {
+        if (!nbq_cpu_has_avx512())
+            return nb_fail(ctx, NB_ERR_UNSUPPORTED, "quantizer path avx512: this CPU lacks AVX-512 F/BW/VL/DQ (or AVX2)");
+        return install_avx512(ctx);
+    }
+    if (strcmp(path, "auto") == 0)
+        return nbq_cpu_has_avx512() ? install_avx512(ctx) : nbq_cpu_has_avx2() ? install_avx2(ctx) : install_reference(ctx);
+    return nb_fail(ctx, NB_ERR_INVALID, "quantizer path '%s': expected auto, avx512, avx2 or reference", path);
 }
 
 const char *nb_quant_cpu_path(void) {
@@ -297,12 +334,15 @@ const char *nb_quant_cpu_path(void) {
             t->quantize_row == nb_mxfp8_quantize_row_ref || t->quantize_row == nb_fp8_quantize_row_ref)
             ref++;
     }
-    return avx2 == total ? "avx2" : ref == total ? "reference" : "mixed";
+    if (avx2 == total) return __atomic_load_n(&BF16_KERNELS, __ATOMIC_RELAXED) ? "avx512" : "avx2";
+    return ref == total ? "reference" : "mixed";
 }
 
 /* At load time: the process-wide traits table gets the best rows this CPU runs. */
 __attribute__((constructor)) static void nbq_fast_init(void) {
     const char *env = getenv("NIBBLE_QUANT_PATH");
     if (env && strcmp(env, "reference") == 0) return;
-    if (nbq_cpu_has_avx2()) install_avx2(NULL);
+    if (env && strcmp(env, "avx2") == 0 && nbq_cpu_has_avx2()) install_avx2(NULL);
+    else if (nbq_cpu_has_avx512()) install_avx512(NULL);
+    else if (nbq_cpu_has_avx2()) install_avx2(NULL);
 }

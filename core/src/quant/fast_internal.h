@@ -54,6 +54,17 @@ void nbq_fast_row_absmax_mt(nb_ctx *ctx, const void *src, nb_dtype dt, int64_t r
 nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *what, const nb_qparams *p,
                                   nb_qparams *out);
 
+/* --- AVX-512 BF16-input quantize kernels (fast_avx512.c) ------------------------------------------- */
+int nbq_cpu_has_avx512(void);
+/* Quantize one BF16 row (n a multiple of the format's block; finite values) bit-equal to the format's
+ * reference row. Returns 0 when done, 1 when these arguments are not handled (NVFP4_46's per-block
+ * pick, FP8 with an f16 division or a scale outside [2^-100, 2^100]): then run the f32 row. */
+int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                             uint8_t *s);
+/* Whether nb_quantize may use nbq_avx512_quantize_bf16 for format f: the "avx512" path is installed
+ * and f still has its AVX2 rows (nb_qformat_set_rows has not replaced them). */
+int nbq_bf16_kernels_for(nb_qformat f);
+
 void nbq_avx2_load_f32(const void *src, nb_dtype dt, int64_t n, float *out);
 void nbq_avx2_store_f32(void *dst, nb_dtype dt, int64_t n, const float *in);
 float nbq_avx2_absmax(const void *src, nb_dtype dt, int64_t n, int *nonfinite);

@@ -130,6 +130,21 @@ nb_status nbq_check_finite(nb_ctx *ctx, const nb_tensor *x, const char *what) {
 
 /* ---- plans -------------------------------------------------------------------------------- */
 
+/* One pass over calibrated amax values: 1 when every value is finite and >= 0 (-0 included), with
+ * their maximum in *max. Integer compares on the bit patterns so the loop vectorizes: finite values
+ * >= 0 are the patterns below 0x7F800000, plus 0x80000000 (-0), and their order is the values'. */
+static int amax_values_ok(const float *v, int64_t n, float *max) {
+    const uint32_t *u = (const uint32_t *)v;
+    uint32_t m = 0, bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b = u[i] == 0x80000000u ? 0u : u[i];
+        bad |= b >= 0x7F800000u;
+        m = b > m ? b : m;
+    }
+    memcpy(max, &m, 4);
+    return !bad;
+}
+
 static nb_status check_amax_tensor(nb_ctx *ctx, const nb_tensor *t, int64_t want, const char *attr, const char *what) {
     if (t->dtype != NB_F32 || !nb_tensor_is_contiguous(t))
         return nb_fail(ctx, NB_ERR_INVALID, "%s: %s must be a contiguous f32 tensor", what, attr);
@@ -137,6 +152,8 @@ static nb_status check_amax_tensor(nb_ctx *ctx, const nb_tensor *t, int64_t want
         return nb_fail(ctx, NB_ERR_SHAPE, "%s: %s has %lld values, the tensor needs %lld", what, attr,
                        (long long)nb_tensor_numel(t), (long long)want);
     const float *v = nb_tensor_data(t);
+    float unused;
+    if (amax_values_ok(v, want, &unused)) return NB_OK;
     for (int64_t i = 0; i < want; i++)
         if (!isfinite(v[i]) || v[i] < 0.0f)
             return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s[%lld] = %g is not a finite amax >= 0", what, attr, (long long)i,
@@ -176,12 +193,7 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
                 return s;
             plan->block_amax = nb_tensor_data(p->block_amax);
             a = p->global_amax;
-            if (nbq_from_data(a)) {
-                a = 0.0f;
-                int64_t nb = nb_tensor_numel(p->block_amax);
-                for (int64_t i = 0; i < nb; i++)
-                    if (plan->block_amax[i] > a) a = plan->block_amax[i];
-            }
+            if (nbq_from_data(a)) amax_values_ok(plan->block_amax, nb_tensor_numel(p->block_amax), &a);
             if ((s = check_tensor_amax(ctx, a, "global_amax", what))) return s;
         } else {
             a = p->amax;
@@ -256,7 +268,9 @@ void nbq_plan_free(nbq_plan *plan) {
 static int64_t data_row_bytes(nb_qformat f, int64_t n) { return nbq_is_nvfp4(f) ? n / 2 : n; }
 static int64_t scale_row_bytes(const nb_qformat_traits *tr, int64_t n) { return tr->block_size ? n / tr->block_size : 0; }
 
-nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, nb_qtensor **out) {
+/* uninit: the buffers' contents are unspecified (nb_quantize writes every byte). */
+static nb_status qtensor_alloc(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, int uninit, nb_qtensor **out) {
+    nb_status (*tnew)(nb_ctx *, nb_dtype, int, const int64_t *, nb_tensor **) = uninit ? nb_tensor_new_uninit : nb_tensor_new;
     *out = NULL;
     const nb_qformat_traits *tr = nb_qformat_info(f);
     if (!tr || f == NB_FMT_NONE) return nb_fail(ctx, NB_ERR_INVALID, "qtensor: unknown or empty format %d", (int)f);
@@ -277,22 +291,26 @@ nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *sha
     memcpy(sh, shape, (size_t)ndim * sizeof(int64_t));
     nb_status s;
     sh[ndim - 1] = data_row_bytes(f, n);
-    if ((s = nb_tensor_new(ctx, tr->data_dtype, ndim, sh, &q->data))) goto fail;
+    if ((s = tnew(ctx, tr->data_dtype, ndim, sh, &q->data))) goto fail;
     if (tr->block_size) {
         sh[ndim - 1] = n / tr->block_size;
-        s = nb_tensor_new(ctx, tr->scale_dtype, ndim, sh, &q->scale);
+        s = tnew(ctx, tr->scale_dtype, ndim, sh, &q->scale);
     } else if (f == NB_FMT_FP8_CHANNEL) {
-        s = nb_tensor_new(ctx, NB_F32, ndim - 1, sh, &q->scale);   /* [out]: ModelOpt's exported shape */
+        s = tnew(ctx, NB_F32, ndim - 1, sh, &q->scale);   /* [out]: ModelOpt's exported shape */
     } else {
-        s = nb_tensor_new(ctx, NB_F32, 0, NULL, &q->scale);
+        s = tnew(ctx, NB_F32, 0, NULL, &q->scale);
     }
     if (s) goto fail;
-    if (nbq_is_nvfp4(f) && (s = nb_tensor_new(ctx, NB_F32, 0, NULL, &q->scale2))) goto fail;
+    if (nbq_is_nvfp4(f) && (s = tnew(ctx, NB_F32, 0, NULL, &q->scale2))) goto fail;
     *out = q;
     return NB_OK;
 fail:
     nb_qtensor_release(q);
     return s;
+}
+
+nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, nb_qtensor **out) {
+    return qtensor_alloc(ctx, f, ndim, shape, 0, out);
 }
 
 static int same_dims(const nb_tensor *t, int ndim, const int64_t *sh) {
@@ -385,21 +403,6 @@ typedef struct row_job {
 
 static int64_t grain_for(int64_t n) { return n >= 16384 ? 1 : 16384 / (n ? n : 1); }
 
-static void quantize_range(void *arg, int64_t begin, int64_t end) {
-    row_job *j = arg;
-    const nbq_plan *pl = j->plan;
-    float *buf = malloc((size_t)pl->n * sizeof(float));
-    if (!buf) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
-    int64_t qb = data_row_bytes(pl->fmt, pl->n), sb = scale_row_bytes(pl->tr, pl->n);
-    nb_qrow_args a;
-    for (int64_t r = begin; r < end; r++) {
-        nbq_load_row(j->x, j->xdt, r, pl->n, buf);
-        nbq_plan_row(pl, r, &a);
-        pl->tr->quantize_row(buf, pl->n, &a, j->q + r * qb, j->s ? j->s + r * sb : NULL);
-    }
-    free(buf);
-}
-
 static void fake_range(void *arg, int64_t begin, int64_t end) {
     row_job *j = arg;
     const nbq_plan *pl = j->plan;
@@ -430,7 +433,127 @@ static void dequant_range(void *arg, int64_t begin, int64_t end) {
     free(buf);
 }
 
-/* ---- quantize / fake quant ---------------------------------------------------------------------- */
+/* ---- quantize ---------------------------------------------------------------------------------- */
+
+/* One pass over the rows: the NaN/Inf check (when no amax pass ran), FP8_CHANNEL's row amax (when it
+ * comes from the data) and the quantization, a row at a time while the row is in cache. BF16 rows go
+ * to the AVX-512 kernels when the "avx512" path is installed, other rows through an f32 row buffer
+ * and the format's row function. */
+typedef struct quant_job {
+    nbq_plan *plan;
+    const uint8_t *x;
+    nb_dtype xdt;
+    uint8_t *q, *s;
+    float *row_scale_out;   /* FP8_CHANNEL from the data: the qtensor's scale, written per row */
+    int check_rows;         /* NaN/Inf scan per row (no amax pass before) */
+    int bf16;               /* use nbq_avx512_quantize_bf16 */
+    int reverse;            /* rows last to first: after the amax pass the end of each range is still in cache */
+    int failed, nonfinite;
+} quant_job;
+
+static void quant_range(void *arg, int64_t begin, int64_t end) {
+    quant_job *j = arg;
+    nbq_plan *pl = j->plan;
+    const int64_t n = pl->n, xb = n * (j->xdt == NB_F32 ? 4 : 2);
+    const int64_t qb = data_row_bytes(pl->fmt, n), sb = scale_row_bytes(pl->tr, n);
+    float *buf = NULL;
+    nb_qrow_args a;
+    for (int64_t k = begin; k < end; k++) {
+        int64_t r = j->reverse ? begin + end - 1 - k : k;
+        const uint8_t *xr = j->x + r * xb;
+        if (j->check_rows || j->row_scale_out) {
+            int nonfinite = 0;
+            float m = nbq_fast_absmax(xr, j->xdt, n, &nonfinite);
+            if (nonfinite) {
+                __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
+                continue;
+            }
+            if (j->row_scale_out) {
+                pl->row_amax[r] = m;
+                if (m == 0.0f) continue;   /* reported after the pass */
+                pl->row_scale[r] = j->row_scale_out[r] = m / 448.0f;
+            }
+        }
+        nbq_plan_row(pl, r, &a);
+        uint8_t *qr = j->q + r * qb, *sr = j->s ? j->s + r * sb : NULL;
+        if (j->bf16 && !nbq_avx512_quantize_bf16(pl->fmt, (const uint16_t *)xr, n, &a, qr, sr)) continue;
+        if (!buf && !(buf = malloc((size_t)n * sizeof(float)))) {
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        nbq_fast_load_f32(xr, j->xdt, n, buf);
+        pl->tr->quantize_row(buf, n, &a, qr, sr);
+    }
+    free(buf);
+}
+
+/* FP8_CHANNEL with the row amax from the data: a plan whose row arrays quant_range fills. */
+static nb_status plan_channel_deferred(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const nb_qparams *p) {
+    memset(plan, 0, sizeof *plan);
+    plan->fmt = p->format;
+    plan->tr = nb_qformat_info(p->format);
+    plan->n = x->shape[x->ndim - 1];
+    plan->rows = plan->n ? nb_tensor_numel(x) / plan->n : 0;
+    plan->base.mx_floor = p->mx_floor;
+    plan->base.div_dtype = NB_F32;
+    plan->row_scale = malloc((size_t)(plan->rows ? plan->rows : 1) * sizeof(float));
+    plan->row_amax = malloc((size_t)(plan->rows ? plan->rows : 1) * sizeof(float));
+    if (!plan->row_scale || !plan->row_amax) {
+        nbq_plan_free(plan);
+        return nb_fail(ctx, NB_ERR_NOMEM, "%s: out of memory (row scales)", p->name ? p->name : "tensor");
+    }
+    return NB_OK;
+}
+
+/* Quantize contiguous, checked x into q (allocated here when *qp is NULL). Errors come in the order
+ * of the two-pass driver this replaces: NaN/Inf first (named), then the plan's (amax 0, bad state). */
+static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparams *p, nb_qtensor **qp) {
+    const char *what = p->name ? p->name : "tensor";
+    int need_amax = nbq_from_data(p->amax) && ((nbq_is_nvfp4(p->format) && !p->block_amax) || p->format == NB_FMT_FP8_TENSOR);
+    int channel = p->format == NB_FMT_FP8_CHANNEL && !p->channel_amax;
+    nbq_plan plan;
+    nb_status s;
+    if (need_amax) {
+        nb_qparams pa;   /* p with the data's amax, from the threaded NaN/Inf pass */
+        if ((s = nbq_check_finite_params(ctx, xc, what, p, &pa))) return s;
+        if ((s = nbq_plan_init(ctx, &plan, xc, &pa))) return s;
+    } else if (channel) {
+        if ((s = plan_channel_deferred(ctx, &plan, xc, p))) return s;
+    } else if ((s = nbq_plan_init(ctx, &plan, xc, p))) {
+        nb_status sf = nbq_check_finite(ctx, xc, what);   /* a NaN/Inf is reported before a state error */
+        return sf ? sf : s;
+    }
+    nb_qtensor *q = *qp;
+    if (!q && (s = qtensor_alloc(ctx, p->format, xc->ndim, xc->shape, 1, &q))) goto done;
+    if (q->scale2) *(float *)nb_tensor_data(q->scale2) = plan.base.scale;
+    if (p->format == NB_FMT_FP8_TENSOR) *(float *)nb_tensor_data(q->scale) = plan.base.scale;
+    if (p->format == NB_FMT_FP8_CHANNEL && !channel)
+        memcpy(nb_tensor_data(q->scale), plan.row_scale, (size_t)plan.rows * sizeof(float));
+    quant_job j = {.plan = &plan, .x = nb_tensor_data(xc), .xdt = xc->dtype, .q = nb_tensor_data(q->data),
+                   .s = plan.tr->block_size ? nb_tensor_data(q->scale) : NULL,
+                   .row_scale_out = channel ? nb_tensor_data(q->scale) : NULL, .check_rows = !need_amax,
+                   .bf16 = xc->dtype == NB_BF16 && nbq_bf16_kernels_for(p->format), .reverse = need_amax};
+    nb_parallel_for(ctx, plan.rows, grain_for(plan.n), quant_range, &j);
+    if (j.nonfinite) {
+        s = nbq_check_finite(ctx, xc, what);
+        if (!s) s = nb_fail(ctx, NB_ERR_INTERNAL, "%s: NaN/Inf seen in a row but not found again", what);
+    } else if (j.failed) {
+        s = nb_fail(ctx, NB_ERR_NOMEM, "%s: out of memory (row buffer)", what);
+    } else if (channel) {
+        for (int64_t r = 0; r < plan.rows; r++)
+            if (plan.row_amax[r] == 0.0f) {
+                s = nb_fail(ctx, NB_ERR_INVALID,
+                            "%s: row %lld has amax 0 (an all-zero output channel): no positive fp8 scale for it", what,
+                            (long long)r);
+                break;
+            }
+    }
+done:
+    nbq_plan_free(&plan);
+    if (s && !*qp) nb_qtensor_release(q);
+    else if (!s) *qp = q;
+    return s;
+}
 
 nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out) {
     *out = NULL;
@@ -439,28 +562,43 @@ nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_q
     if (s) return s;
     nb_tensor *xc = NULL;
     if ((s = nbq_contiguous(ctx, x, &xc))) return s;
-    nbq_plan plan;
-    nb_qtensor *q = NULL;
-    nb_qparams pa;   /* p, with the data's amax from the NaN/Inf pass (one pass instead of two) */
-    if ((s = nbq_check_finite_params(ctx, xc, what, p, &pa))) goto done;
-    if ((s = nbq_plan_init(ctx, &plan, xc, &pa))) goto done;
-    if ((s = nb_qtensor_new(ctx, p->format, x->ndim, x->shape, &q))) goto done_plan;
-    if (q->scale2) *(float *)nb_tensor_data(q->scale2) = plan.base.scale;
-    if (p->format == NB_FMT_FP8_TENSOR) *(float *)nb_tensor_data(q->scale) = plan.base.scale;
-    if (p->format == NB_FMT_FP8_CHANNEL)
-        memcpy(nb_tensor_data(q->scale), plan.row_scale, (size_t)plan.rows * sizeof(float));
-    row_job j = {.plan = &plan, .x = nb_tensor_data(xc), .xdt = xc->dtype, .q = nb_tensor_data(q->data),
-                 .s = plan.tr->block_size ? nb_tensor_data(q->scale) : NULL};
-    nb_parallel_for(ctx, plan.rows, grain_for(plan.n), quantize_range, &j);
-    if (j.failed) s = nb_fail(ctx, NB_ERR_NOMEM, "%s: out of memory (row buffer)", what);
-done_plan:
-    nbq_plan_free(&plan);
-done:
+    s = quantize_impl(ctx, xc, p, out);
     nb_tensor_release(xc);
-    if (s) nb_qtensor_release(q);
-    else *out = q;
     return s;
 }
+
+static int tensor_fits(const nb_tensor *t, nb_dtype dt, nb_dtype alt, int64_t numel) {
+    return t && (t->dtype == dt || t->dtype == alt) && nb_tensor_is_contiguous(t) && nb_buffer_writable(t->buf) &&
+           nb_tensor_numel(t) == numel;
+}
+
+nb_status nb_quantize_into(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor *q) {
+    const char *what = p->name ? p->name : "tensor";
+    nb_status s = nbq_check_input(ctx, x, p->format, what);
+    if (s) return s;
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "%s: quantized output is NULL", what);
+    const nb_qformat_traits *tr = nb_qformat_info(p->format);
+    if (q->format != p->format)
+        return nb_fail(ctx, NB_ERR_INVALID, "%s: quantized output is %s, the parameters ask for %s", what,
+                       nb_qformat_info(q->format) ? nb_qformat_info(q->format)->name : "?", tr->name);
+    int same = q->ndim == x->ndim;
+    for (int i = 0; same && i < x->ndim; i++) same = q->shape[i] == x->shape[i];
+    if (!same) return nb_fail(ctx, NB_ERR_SHAPE, "%s: quantized output's shape differs from the input's", what);
+    int64_t n = x->shape[x->ndim - 1], numel = nb_tensor_numel(x), rows = n ? numel / n : 0;
+    int64_t nscale = tr->block_size ? numel / tr->block_size : p->format == NB_FMT_FP8_CHANNEL ? rows : 1;
+    if (!tensor_fits(q->data, tr->data_dtype, NB_U8, nbq_is_nvfp4(p->format) ? numel / 2 : numel) ||
+        !tensor_fits(q->scale, tr->scale_dtype, tr->scale_dtype == NB_U8 ? NB_E8M0 : tr->scale_dtype, nscale) ||
+        (nbq_is_nvfp4(p->format) && !tensor_fits(q->scale2, NB_F32, NB_F32, 1)))
+        return nb_fail(ctx, NB_ERR_INVALID, "%s: quantized output's tensors must be contiguous, writable and sized for the input",
+                       what);
+    nb_tensor *xc = NULL;
+    if ((s = nbq_contiguous(ctx, x, &xc))) return s;
+    s = quantize_impl(ctx, xc, p, &q);
+    nb_tensor_release(xc);
+    return s;
+}
+
+/* ---- fake quant --------------------------------------------------------------------------------- */
 
 static nb_status check_out(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *out, const char *what) {
     if (!out) return nb_fail(ctx, NB_ERR_INVALID, "%s: output tensor is NULL", what);

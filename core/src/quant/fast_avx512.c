@@ -1,0 +1,397 @@
+/* AVX-512 quantize kernels that read BF16 rows directly (the dtype real weights come in), used by
+ * nb_quantize's fused driver; bit-equal to the scalar references (tests/c/test_quant_fast.c).
+ * Speed comes from three exact shortcuts, each with a named fallback to the reference arithmetic:
+ *  - E4M3 rounding of values that are bf16 numbers is done on the 16-bit patterns, 32 lanes at a
+ *    time (MXFP8 scales by a power of two, so x * 2^k is x's bf16 pattern with its exponent moved).
+ *  - A quotient x / p is computed as x * f32(1/p), which is within 3 ulps of f32(x / p); only lanes
+ *    whose product lies within 8 ulps of a rounding boundary of the next step (an E2M1 or E4M3
+ *    midpoint, or a bf16 midpoint for ModelOpt's bf16 division) can round differently, and those
+ *    lanes are recomputed with the reference's own division (exact ties in the data land here).
+ *  - E4M3 rounding of an f32 value goes through bf16 rounded to odd (7 >= 3 + 2 mantissa bits, so
+ *    the second rounding to nearest-even equals the direct one).
+ * Lanes in E4M3's subnormal range, bf16 subnormal inputs and tiny quotients take the reference path
+ * too. Block maxima are a reduction tree over 16 blocks at once on the integer bf16 magnitudes. */
+#include <math.h>
+#include <string.h>
+
+#include "fast_internal.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__) && !defined(__STRICT_ANSI__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#define NB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+int nbq_cpu_has_avx512(void) {
+    static int cached = -1;
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v >= 0) return v;
+    __builtin_cpu_init();
+    v = nbq_cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+static inline float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+NB_AVX512 static inline __m512i i16(int v) { return _mm512_set1_epi16((short)v); }
+NB_AVX512 static inline __m512i i32v(int v) { return _mm512_set1_epi32(v); }
+
+/* ---- block maxima: 16 blocks at a time ------------------------------------------------------------ */
+
+/* t[i] = magnitudes of blocks 2i (low 256 bits) and 2i+1 (high 256 bits), 16 u16 each. Returns the
+ * 16 block maxima as f32 bit patterns (bf16 << 16), lane b = block b. The tree ends with lane
+ * 4k+j holding block 4j+k; the final permute puts them in order. */
+NB_AVX512 static inline __m512 tree16(const __m512i t[8]) {
+    __m512i u[4], v[2];
+    for (int j = 0; j < 4; j++) {
+        __m512i c = t[2 * j], d = t[2 * j + 1];
+        u[j] = _mm512_max_epu16(_mm512_shuffle_i64x2(c, d, _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_i64x2(c, d, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    for (int j = 0; j < 2; j++)
+        v[j] = _mm512_max_epu16(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]), _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
+    __m512 p = _mm512_castsi512_ps(v[0]), q = _mm512_castsi512_ps(v[1]);
+    __m512i w = _mm512_max_epu16(_mm512_castps_si512(_mm512_shuffle_ps(p, q, _MM_SHUFFLE(2, 0, 2, 0))),
+                                 _mm512_castps_si512(_mm512_shuffle_ps(p, q, _MM_SHUFFLE(3, 1, 3, 1))));
+    w = _mm512_max_epu16(w, _mm512_srli_epi32(w, 16));
+    w = _mm512_slli_epi32(w, 16);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_castsi512_ps(_mm512_permutexvar_epi32(order, w));
+}
+
+/* ---- element encoders ------------------------------------------------------------------------------ */
+
+/* E4M3 codes of 32 bf16 magnitudes `a` (u16, finite), sign from bit 15 of `sgn`: clamp to 448, RNE
+ * on the 4 low bits with the carry into the exponent, rebias 127 -> 7. Lanes below 2^-6 are E4M3
+ * subnormals: below 2^-10 they round to 0; in [2^-10, 2^-6) they are marked in *slow. */
+NB_AVX512 static inline __m512i e4m3_mag16(__m512i a, __m512i sgn, __mmask32 *slow) {
+    __m512i qc = _mm512_min_epu16(a, i16(0x43E0));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(qc, 4), i16(1));
+    __m512i code = _mm512_srli_epi16(_mm512_add_epi16(qc, _mm512_add_epi16(lsb, i16(7 - 0x3C00))), 4);
+    __mmask32 small = _mm512_cmplt_epu16_mask(qc, i16(0x3C80));
+    *slow |= _mm512_mask_cmpge_epu16_mask(small, qc, i16(0x3A80));
+    code = _mm512_maskz_mov_epi16(~small, code);
+    return _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(sgn, 8), i16(0x80), 0xF8);   /* code | (sgn>>8 & 0x80) */
+}
+
+/* bf16 rounded to odd of 16 f32 lanes, in the high half (odd elements) or low half (even elements)
+ * of each 32-bit lane; combined they give 32 bf16 patterns in element order. */
+NB_AVX512 static inline __m512i rto_pair(__m512i ue, __m512i uo) {
+    __m512i he = _mm512_srli_epi32(ue, 16);
+    he = _mm512_mask_or_epi32(he, _mm512_test_epi32_mask(ue, i32v(0xFFFF)), he, i32v(1));
+    __m512i ho = _mm512_mask_or_epi32(uo, _mm512_test_epi32_mask(uo, i32v(0xFFFF)), uo, i32v(0x10000));
+    return _mm512_ternarylogic_epi32(he, ho, i32v((int)0xFFFF0000u), 0xF8);   /* he | (ho & 0xFFFF0000) */
+}
+
+/* bf16 rounded to nearest even (nb_f32_to_bf16 on finite values), same layout as rto_pair. */
+NB_AVX512 static inline __m512i rne_pair(__m512i ue, __m512i uo) {
+    __m512i re = _mm512_add_epi32(ue, _mm512_add_epi32(i32v(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(ue, 16), i32v(1))));
+    __m512i ro = _mm512_add_epi32(uo, _mm512_add_epi32(i32v(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(uo, 16), i32v(1))));
+    return _mm512_ternarylogic_epi32(_mm512_srli_epi32(re, 16), ro, i32v((int)0xFFFF0000u), 0xF8);
+}
+
+/* E2M1 codes of 16 f32 quotients (nb_f32_to_e2m1 for finite values: the one-add rounding of
+ * fast_x86.h's e2m1_enc_: a + M with ulp(M) the grid step of a's binade), and in *near the lanes
+ * whose rounding residual a - round(a) is within 2^-14 steps of half a step: only those can round
+ * differently from a quotient 3 ulps away (the residual is exact, so zeros and grid points are
+ * never near). */
+NB_AVX512 static inline __m512i e2m1_f32(__m512 q, __mmask16 *near) {
+    __m512 a = _mm512_min_ps(_mm512_abs_ps(q), _mm512_set1_ps(6.0f));
+    __m512i e = _mm512_max_epi32(_mm512_and_si512(_mm512_castps_si512(a), i32v(0x7F800000)), i32v(127 << 23));
+    __m512i m = _mm512_add_epi32(e, i32v(22 << 23));
+    __m512 y = _mm512_add_ps(a, _mm512_castsi512_ps(m));
+    __m512 res = _mm512_sub_ps(a, _mm512_sub_ps(y, _mm512_castsi512_ps(m)));
+    *near = _mm512_cmp_ps_mask(_mm512_abs_ps(res), _mm512_mul_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(0x1.FFF8p-25f)),
+                               _CMP_GE_OQ);
+    __m512i k = _mm512_sub_epi32(_mm512_castps_si512(y), m);
+    __m512i code = _mm512_add_epi32(k, _mm512_sub_epi32(_mm512_srli_epi32(m, 22), i32v(2 * 149)));
+    __mmask16 neg = _mm512_cmp_ps_mask(q, _mm512_setzero_ps(), _CMP_LT_OQ);
+    return _mm512_mask_or_epi32(code, neg, code, i32v(8));
+}
+
+/* nb_e4m3_to_f32 of bytes in 32-bit lanes (finite codes). */
+NB_AVX512 static inline __m512 e4m3_dec16(__m512i b) {
+    __m512i mag = _mm512_and_si512(b, i32v(0x7F));
+    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, i32v(0x80)), 24);
+    __m512i nrm = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), i32v(120 << 23));
+    __m512i sub = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-9f)));
+    __m512i r = _mm512_mask_mov_epi32(nrm, _mm512_cmplt_epi32_mask(mag, i32v(8)), sub);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmpeq_epi32_mask(mag, i32v(0x7F)), i32v(0x7FC00000));
+    return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
+}
+
+/* nb_f32_to_e4m3 of 16 f32 lanes (block scales): clamp, one-add RNE (fast_x86.h), NaN -> 0x7F. */
+NB_AVX512 static inline __m512i e4m3_enc16(__m512 x) {
+    __m512 a = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(448.0f));
+    __m512i e = _mm512_max_epi32(_mm512_and_si512(_mm512_castps_si512(a), i32v(0x7F800000)), i32v(121 << 23));
+    __m512i m = _mm512_add_epi32(e, i32v(20 << 23));
+    __m512i k = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, _mm512_castsi512_ps(m))), m);
+    __m512i code = _mm512_add_epi32(k, _mm512_sub_epi32(_mm512_srli_epi32(m, 20), i32v(8 * 141)));
+    __m512i sign = _mm512_srli_epi32(_mm512_and_si512(_mm512_castps_si512(x), i32v((int)0x80000000u)), 24);
+    code = _mm512_or_si512(code, sign);
+    return _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), i32v(0x7F));   /* NaN -> 0x7F */
+}
+
+/* _cast_per_block_scale_to_fp8 (clamp [2^-9, 448] keeping NaN, then E4M3) and the 0 -> 1.0 rule. */
+NB_AVX512 static inline __m512i scale_e4m3_16(__m512 v) {
+    v = _mm512_max_ps(_mm512_set1_ps(0x1p-9f), v);
+    v = _mm512_min_ps(_mm512_set1_ps(448.0f), v);
+    return e4m3_enc16(v);
+}
+
+NB_AVX512 static inline __m512 zero_to_one16(__m512 v) {
+    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_EQ_OQ), _mm512_set1_ps(1.0f));
+}
+
+/* ---- NVFP4 ------------------------------------------------------------------------------------------ */
+
+/* Reference codes of one pair of blocks (32 elements) with divisors p0, p1: the fallback. */
+static void nv_pair_ref(const uint16_t *x, float p0, float p1, uint8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        float p = j < 8 ? p0 : p1;
+        float v0 = bf2f(x[2 * j]) / p, v1 = bf2f(x[2 * j + 1]) / p;
+        q[j] = (uint8_t)(nb_f32_to_e2m1(v0) | (nb_f32_to_e2m1(v1) << 4));
+    }
+}
+
+/* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. norm 448 (NVFP4) or 256
+ * (four_over_six, static only). */
+NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, float norm, uint8_t *q,
+                                      uint8_t *s) {
+    const int64_t nb = (n / NB_NVFP4_BLOCK) & ~(int64_t)15;
+    const __m512 s2 = _mm512_set1_ps(a->scale);
+    const __m512 d6 = _mm512_set1_ps(6.0f * a->scale);
+    const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    float pa[16];
+    for (int64_t g = 0; g < nb; g += 16) {
+        const uint16_t *xg = x + g * NB_NVFP4_BLOCK;
+        __m512i v[8];
+        for (int i = 0; i < 8; i++) v[i] = _mm512_loadu_si512((const void *)(xg + 32 * i));
+        __m512i sb;
+        if (a->block_amax) {
+            /* nb_nvfp4_block_scale_static: r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6 */
+            __m512 pbs = zero_to_one16(_mm512_div_ps(_mm512_loadu_ps(a->block_amax + g), _mm512_set1_ps(6.0f)));
+            __m512 r = _mm512_mul_ps(pbs, _mm512_set1_ps(norm));
+            sb = scale_e4m3_16(_mm512_div_ps(r, _mm512_set1_ps(a->global_amax / 6.0f)));
+        } else {
+            __m512i t[8];
+            for (int i = 0; i < 8; i++) t[i] = _mm512_and_si512(v[i], i16(0x7FFF));
+            sb = scale_e4m3_16(zero_to_one16(_mm512_div_ps(tree16(t), d6)));
+        }
+        __m512 p = _mm512_mul_ps(e4m3_dec16(sb), s2);
+        _mm_storeu_si128((__m128i *)(s + g), _mm512_cvtepi32_epi8(sb));
+        __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), p);
+        /* the shortcut's conditions: 2^-125 <= p <= 256 (r normal; a nonzero bf16 quotient is far from 0) */
+        __mmask16 ok = _mm512_cmp_ps_mask(p, _mm512_set1_ps(0x1p-125f), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(p, _mm512_set1_ps(256.0f), _CMP_LE_OQ);
+        _mm512_storeu_ps(pa, p);
+        uint8_t *qg = q + g * 8;
+        if (ok != 0xFFFF) {
+            for (int i = 0; i < 8; i++) nv_pair_ref(xg + 32 * i, pa[2 * i], pa[2 * i + 1], qg + 16 * i);
+            continue;
+        }
+        for (int i = 0; i < 8; i++) {
+            __m512 rr = _mm512_permutexvar_ps(_mm512_add_epi32(pair_idx, i32v(2 * i)), r);
+            __m512 qe = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v[i], 16)), rr);
+            __m512 qo = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v[i], i32v((int)0xFFFF0000u))), rr);
+            __mmask16 ne, no, unused;
+            __m512i ce = e2m1_f32(qe, &ne), co = e2m1_f32(qo, &no);
+            if (ne | no) {   /* the reference's own quotients for the lanes near a boundary */
+                __m512 pp = _mm512_permutexvar_ps(_mm512_add_epi32(pair_idx, i32v(2 * i)), p);
+                if (ne) ce = e2m1_f32(_mm512_mask_div_ps(qe, ne, _mm512_castsi512_ps(_mm512_slli_epi32(v[i], 16)), pp), &unused);
+                if (no) co = e2m1_f32(_mm512_mask_div_ps(qo, no, _mm512_castsi512_ps(_mm512_and_si512(v[i], i32v((int)0xFFFF0000u))), pp), &unused);
+            }
+            __m512i bytes = _mm512_or_si512(ce, _mm512_slli_epi32(co, 4));
+            _mm_storeu_si128((__m128i *)(qg + 16 * i), _mm512_cvtepi32_epi8(bytes));
+        }
+    }
+    return nb;
+}
+
+/* ---- MXFP8 ------------------------------------------------------------------------------------------ */
+
+/* E8M0 bytes of 16 block maxima (nbq_mx_scale_byte_fast in lanes; subnormal descales go scalar). */
+NB_AVX512 static inline __m512i mx_codes16(__m512 bam, int ocp_floor, const uint32_t *tab) {
+    __m512i code;
+    __mmask16 special;
+    if (ocp_floor) {
+        __m512i u = _mm512_castps_si512(bam);
+        __mmask16 nz = _mm512_test_epi32_mask(u, u);
+        code = _mm512_sub_epi32(_mm512_srli_epi32(u, 23), i32v(8));
+        code = _mm512_min_epi32(_mm512_max_epi32(code, _mm512_setzero_si512()), i32v(254));
+        code = _mm512_maskz_mov_epi32(nz, code);
+        special = nz & _mm512_cmplt_epu32_mask(u, i32v(0x00800000));
+    } else {
+        __m512i u = _mm512_castps_si512(_mm512_div_ps(bam, _mm512_set1_ps(448.0f)));
+        __mmask16 nz = _mm512_test_epi32_mask(u, u);
+        __m512i idx = _mm512_srli_epi32(u, 23);
+        __m512i thr = _mm512_i32gather_epi32(_mm512_min_epi32(idx, i32v(254)), (const void *)tab, 4);
+        code = _mm512_mask_add_epi32(idx, _mm512_cmpge_epu32_mask(u, thr), idx, i32v(1));
+        code = _mm512_maskz_mov_epi32(nz, _mm512_min_epi32(code, i32v(254)));
+        special = nz & _mm512_cmplt_epu32_mask(u, i32v(0x00800000));
+    }
+    if (special) {
+        uint32_t c[16];
+        float am[16];
+        _mm512_storeu_si512((void *)c, code);
+        _mm512_storeu_ps(am, bam);
+        for (int b = 0; b < 16; b++)
+            if (special >> b & 1) c[b] = nbq_mx_scale_byte_fast(am[b], ocp_floor);
+        code = _mm512_loadu_si512((const void *)c);
+    }
+    return code;
+}
+
+/* Reference elements of one block: x * 2^(127-code) in f32, clamp, RNE (mxfp8.c). */
+static void mx_block_ref(const uint16_t *x, uint8_t code, uint8_t *q) {
+    float sf = ldexpf(1.0f, 127 - (int)code);
+    for (int i = 0; i < NB_MXFP8_BLOCK; i++) {
+        float v = bf2f(x[i]) * sf;
+        q[i] = nb_f32_to_e4m3(v);
+    }
+}
+
+/* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. */
+NB_AVX512 static int64_t mx_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
+    const int64_t nb = (n / NB_MXFP8_BLOCK) & ~(int64_t)15;
+    const uint32_t *tab = nbq_mx_ceil_table();
+    uint16_t sh[16];
+    uint8_t cb[16];
+    for (int64_t g = 0; g < nb; g += 16) {
+        const uint16_t *xg = x + g * NB_MXFP8_BLOCK;
+        __m512i t[8];
+        for (int i = 0; i < 8; i++) {
+            __m512i A = _mm512_and_si512(_mm512_loadu_si512((const void *)(xg + 64 * i)), i16(0x7FFF));
+            __m512i B = _mm512_and_si512(_mm512_loadu_si512((const void *)(xg + 64 * i + 32)), i16(0x7FFF));
+            t[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(A, B, 0x44), _mm512_shuffle_i64x2(A, B, 0xEE));
+        }
+        __m512i code = mx_codes16(tree16(t), a->mx_floor, tab);
+        __m128i c8 = _mm512_cvtepi32_epi8(code);
+        _mm_storeu_si128((__m128i *)(s + g), c8);
+        _mm_storeu_si128((__m128i *)cb, c8);
+        /* (127 - code) << 7: the exponent shift of 2^(127-code) on a bf16 pattern */
+        _mm256_storeu_si256((__m256i *)sh, _mm512_cvtepi32_epi16(_mm512_slli_epi32(_mm512_sub_epi32(i32v(127), code), 7)));
+        for (int b = 0; b < 16; b++) {
+            const uint16_t *xb = xg + b * NB_MXFP8_BLOCK;
+            __m512i v = _mm512_loadu_si512((const void *)xb);
+            __m512i mag = _mm512_and_si512(v, i16(0x7FFF));
+            /* zeros stay zero; bf16 subnormals (exponent 0) do not scale by an exponent add */
+            __mmask32 nz = _mm512_test_epi16_mask(mag, mag);
+            __mmask32 slow = nz & _mm512_cmplt_epu16_mask(mag, i16(0x0080));
+            __m512i q16 = _mm512_max_epi16(_mm512_maskz_add_epi16(nz, mag, _mm512_set1_epi16((short)sh[b])), _mm512_setzero_si512());
+            __m512i c = e4m3_mag16(q16, v, &slow);
+            uint8_t *qb = q + (g + b) * NB_MXFP8_BLOCK;
+            if (slow) mx_block_ref(xb, cb[b], qb);
+            else _mm256_storeu_si256((__m256i *)qb, _mm512_cvtepi16_epi8(c));
+        }
+    }
+    return nb;
+}
+
+/* ---- FP8 per tensor / per row ------------------------------------------------------------------------ */
+
+static void fp8_ref32(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = bf2f(x[i]) / sc;
+        if (dd == NB_BF16) v = nb_bf16_to_f32(nb_f32_to_bf16(v));
+        q[i] = nb_f32_to_e4m3(v);
+    }
+}
+
+/* Whole 32-element steps of a BF16 row with divisor sc (a normal f32 in [2^-100, 2^100]); dd NB_BF16
+ * (ModelOpt's quotient rounded to bf16) or NB_F32. Returns the elements done. */
+NB_AVX512 static int64_t fp8_steps512(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q) {
+    const __m512 r = _mm512_set1_ps(1.0f / sc), scv = _mm512_set1_ps(sc);
+    /* |x| below these bf16 patterns gives |x/sc| < 2^-120 (bf16 path) or < 2^-6 (f32 path: E4M3
+     * subnormals of an approximate quotient); such nonzero lanes take the reference path */
+    float lim = (dd == NB_BF16 ? 0x1p-120f : 0x1p-6f) * sc * 1.0625f;
+    uint32_t lu;
+    memcpy(&lu, &lim, 4);
+    const __m512i tiny = i16((int)((lu >> 16) + 1));
+    const __m512i near_off = i32v(dd == NB_BF16 ? 8 - 0x8000 : 8 - 0x80000);
+    const __m512i near_mask = i32v(dd == NB_BF16 ? 0xFFF0 : 0xFFFF0);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512i v = _mm512_loadu_si512((const void *)(x + i));
+        __m512i mag = _mm512_and_si512(v, i16(0x7FFF));
+        __mmask32 slow = _mm512_test_epi16_mask(mag, mag) & _mm512_cmplt_epu16_mask(mag, tiny);
+        __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xo = _mm512_castsi512_ps(_mm512_and_si512(v, i32v((int)0xFFFF0000u)));
+        __m512 qe = _mm512_mul_ps(xe, r), qo = _mm512_mul_ps(xo, r);
+        __mmask16 ne = _mm512_testn_epi32_mask(_mm512_add_epi32(_mm512_castps_si512(qe), near_off), near_mask);
+        __mmask16 no = _mm512_testn_epi32_mask(_mm512_add_epi32(_mm512_castps_si512(qo), near_off), near_mask);
+        if (ne) qe = _mm512_mask_div_ps(qe, ne, xe, scv);   /* the reference's own quotient near a boundary */
+        if (no) qo = _mm512_mask_div_ps(qo, no, xo, scv);
+        __m512i ue = _mm512_castps_si512(qe), uo = _mm512_castps_si512(qo);
+        __m512i h = dd == NB_BF16 ? rne_pair(ue, uo) : rto_pair(ue, uo);
+        __m512i c = e4m3_mag16(_mm512_and_si512(h, i16(0x7FFF)), h, &slow);
+        if (slow) fp8_ref32(x + i, 32, sc, dd, q + i);
+        else _mm256_storeu_si256((__m256i *)(q + i), _mm512_cvtepi16_epi8(c));
+    }
+    return i;
+}
+
+/* ---- entry ---------------------------------------------------------------------------------------------- */
+
+NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                                       uint8_t *s) {
+    float tail[512];
+    switch (f) {
+    case NB_FMT_NVFP4:
+    case NB_FMT_NVFP4_46: {
+        if (f == NB_FMT_NVFP4_46 && !a->block_amax) return 1;   /* the per-block pick: the f32 row */
+        int64_t g = nv_groups512(x, n, a, f == NB_FMT_NVFP4 ? 448.0f : 256.0f, q, s);
+        int64_t rest = n - g * NB_NVFP4_BLOCK;
+        if (rest > 0) {
+            nb_qrow_args t = *a;
+            if (t.block_amax) t.block_amax += g;
+            for (int64_t k = 0; k < rest; k++) tail[k] = bf2f(x[g * NB_NVFP4_BLOCK + k]);
+            if (f == NB_FMT_NVFP4) nb_nvfp4_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
+            else nb_nvfp4_46_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
+        }
+        return 0;
+    }
+    case NB_FMT_MXFP8: {
+        int64_t g = mx_groups512(x, n, a, q, s);
+        int64_t rest = n - g * NB_MXFP8_BLOCK;
+        if (rest > 0) {
+            for (int64_t k = 0; k < rest; k++) tail[k] = bf2f(x[g * NB_MXFP8_BLOCK + k]);
+            nb_mxfp8_quantize_row_ref(tail, rest, a, q + g * NB_MXFP8_BLOCK, s + g);
+        }
+        return 0;
+    }
+    case NB_FMT_FP8_TENSOR:
+    case NB_FMT_FP8_CHANNEL: {
+        if (a->div_dtype != NB_BF16 && a->div_dtype != NB_F32) return 1;
+        if (!(a->scale >= 0x1p-100f && a->scale <= 0x1p100f)) return 1;
+        int64_t i = fp8_steps512(x, n, a->scale, a->div_dtype, q);
+        if (i < n) fp8_ref32(x + i, n - i, a->scale, a->div_dtype, q + i);
+        return 0;
+    }
+    default:
+        return 1;
+    }
+}
+
+#else /* not x86-64 with GNU C */
+
+int nbq_cpu_has_avx512(void) { return 0; }
+
+int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                             uint8_t *s) {
+    (void)f; (void)x; (void)n; (void)a; (void)q; (void)s;
+    return 1;
+}
+
+#endif
