@@ -205,6 +205,28 @@ describe("ptq on stories260K", function()
       assert.are.equal(0, nkv2)
       assert.are.equal(0, w_only:max_abs_diff(logits(back, toks)))
     end
+    -- the CLI runs an export as it ships, and says so; --no-kv-quant keeps the cache in float
+    local kvdir = tmp .. "/kv-modelopt"
+    local gen = { "generate", "--model", kvdir, "--prompt", "Once upon a time", "-n", "100", "--greedy", "--ids", "--no-stop" }
+    local g1, e1, c1 = nbspec.nibble(gen)
+    gen[#gen + 1] = "--no-kv-quant"
+    local g2, e2, c2 = nbspec.nibble(gen)
+    assert.are.equal(0, c1, e1)
+    assert.are.equal(0, c2, e2)
+    assert.are.equal("nibble generate: KV cache quantized as exported (FP8, 5 layers; --no-kv-quant to turn off)\n", e1)
+    assert.are.equal("", e2)
+    assert.are_not.equal(g1, g2)   -- the greedy continuation changes with the FP8 cache
+    if valid then
+      local ev = { "eval", "--model", kvdir, "--data", valid, "--ctx", "128", "--chunks", "2", "--json" }
+      local j1, f1 = nbspec.nibble(ev)
+      ev[#ev + 1] = "--no-kv-quant"
+      local j2, f2 = nbspec.nibble(ev)
+      assert.truthy(f1:find("KV cache quantized as exported (FP8, k_scale / v_scale of 5 layers", 1, true), f1)
+      assert.truthy(f2:find("KV cache not quantized (--no-kv-quant)", 1, true), f2)
+      local p1, p2 = j1:match('"ppl": ([%d.]+)'), j2:match('"ppl": ([%d.]+)')
+      assert.truthy(p1 and p2, j1 .. j2)
+      assert.are_not.equal(p1, p2)
+    end
     -- a checkpoint with the scales of only some layers is refused, naming the first missing one
     local dir = tmp .. "/kv-partial"
     os.execute(("cp -r %s %s"):format(nbspec.quote(tmp .. "/kv-modelopt"), nbspec.quote(dir)))

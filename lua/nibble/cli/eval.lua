@@ -25,32 +25,16 @@ local function num(x)
   return ("%.6f"):format(x)
 end
 
+local SPEC = {
+  { "--model", "-m", key = "model", arg = "PATH" }, { "--data", "-f", key = "data", arg = "FILE" },
+  { "--teacher", key = "teacher", arg = "PATH" }, { "--ctx", "-c", key = "ctx", num = "int+" },
+  { "--chunks", key = "chunks", num = "int+" }, { "--batch", key = "batch", num = "int+" },
+  { "--json", key = "json" }, { "--no-kv-quant", key = "no_kv" },
+}
+
 return function(args)
-  local o = {}
-  local i = 1
-  local ints = { ["--ctx"] = "ctx", ["-c"] = "ctx", ["--chunks"] = "chunks", ["--batch"] = "batch" }
-  while i <= #args do
-    local a = args[i]
-    local function value()
-      i = i + 1
-      return args[i]
-    end
-    if a == "--model" or a == "-m" then o.model = value(); if not o.model then return err("--model needs a PATH") end
-    elseif a == "--data" or a == "-f" then o.data = value(); if not o.data then return err("--data needs a FILE") end
-    elseif a == "--teacher" then o.teacher = value(); if not o.teacher then return err("--teacher needs a PATH") end
-    elseif ints[a] then
-      local v = tonumber(value() or "")
-      if not v or v ~= math.floor(v) or v < 1 then return err(a .. " needs a positive integer") end
-      o[ints[a]] = v
-    elseif a == "--json" then o.json = true
-    elseif a == "--no-kv-quant" then o.no_kv = true
-    elseif a == "-h" or a == "--help" then io.stdout:write(USAGE); return 0
-    else
-      io.stderr:write("nibble eval: unknown argument ", a, "\n", USAGE)
-      return 1
-    end
-    i = i + 1
-  end
+  local o, code = require("nibble.cli").parse("eval", USAGE, args, SPEC)
+  if not o then return code end
   if not o.model or not o.data then
     io.stderr:write(USAGE)
     return 1

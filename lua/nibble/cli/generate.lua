@@ -1,11 +1,11 @@
 -- nibble generate: continue a prompt with a model (greedy or sampled), printing the text as it comes
--- Usage: nibble generate --model PATH [--prompt TEXT] [-n N] [--greedy] [--temp T] [--top-k K] [--top-p P] [--seed S] [--no-stop] [--ids]
+-- Usage: nibble generate --model PATH [--prompt TEXT] [-n N] [--greedy] [--temp T] [--top-k K] [--top-p P] [--seed S] [--no-stop] [--ids] [--no-kv-quant]
 -- Without --prompt generation starts from BOS. Sampling (--temp > 0) is the default unless --greedy;
 -- --temp 0 is greedy too. Generation stops at the model's EOS unless --no-stop. --ids prints the
 -- generated token ids instead of the text.
 local nibble = require("nibble")
 
-local USAGE = "usage: nibble generate --model PATH [--prompt TEXT] [-n N] [--greedy] [--temp T] [--top-k K] [--top-p P] [--seed S] [--no-stop] [--ids]\n"
+local USAGE = "usage: nibble generate --model PATH [--prompt TEXT] [-n N] [--greedy] [--temp T] [--top-k K] [--top-p P] [--seed S] [--no-stop] [--ids] [--no-kv-quant]\n"
 
 local function err(msg)
   io.stderr:write("nibble generate: ", msg, "\n")
@@ -19,7 +19,7 @@ local SPEC = {
   { "-n", "--n-predict", key = "n", num = "int0" }, { "--temp", key = "temperature", num = "num0" },
   { "--top-k", key = "top_k", num = "int0" }, { "--top-p", key = "top_p", num = "num0" },
   { "--seed", key = "seed", num = "int0" }, { "--greedy", key = "greedy" }, { "--no-stop", key = "stop", set = false },
-  { "--ids", key = "ids" },
+  { "--ids", key = "ids" }, { "--no-kv-quant", key = "no_kv" },
 }
 
 return function(args)
@@ -35,9 +35,13 @@ return function(args)
   local ok, m = pcall(nibble.model.load, model)
   if not ok then return err(clean(m)) end
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
-  local okq, aq, naq = pcall(nibble.qmodel.activations, m)
+  -- and an FP8 KV cache (k_scale / v_scale) stores keys and values as vLLM's would, unless --no-kv-quant
+  local okq, aq, naq, nkv = pcall(nibble.qmodel.activations, m, nil, { kv = not a.no_kv })
   if not okq then return err(clean(aq)) end
   if naq > 0 then io.stderr:write(("nibble generate: activations quantized as exported (%d modules)\n"):format(naq)) end
+  if nkv > 0 then
+    io.stderr:write(("nibble generate: KV cache quantized as exported (FP8, %d layers; --no-kv-quant to turn off)\n"):format(nkv))
+  end
   o.greedy = greedy or o.temperature == 0
   o.stop = stop
   if not ids then

@@ -22,41 +22,19 @@ local function err(msg)
   return 1
 end
 
+local SPEC = {
+  { "--model", "-m", key = "model", arg = "PATH" }, { "--format", "-f", key = "format", arg = "FORMAT" },
+  { "--algorithm", key = "algorithm", arg = "NAME" }, { "--calib", key = "calib", arg = "FILE" },
+  { "--samples", key = "samples", num = "int0" }, { "--seq-len", key = "seq_len", num = "int0" },
+  { "--batch", key = "batch", num = "int0" }, { "--seed", key = "seed", num = "int0" },
+  { "--layout", key = "layout", arg = "LAYOUT" }, { "--out", "-o", key = "out", arg = "DIR" },
+  { "--kv-cache", key = "kv_cache", arg = "FORMAT" }, { "--allow-uncalibrated", key = "allow_uncalibrated" },
+  { "--quiet", "-q", key = "quiet" },
+}
+
 return function(args)
-  local o = {}
-  local flags = { ["--model"] = "model", ["-m"] = "model", ["--format"] = "format", ["-f"] = "format",
-                  ["--algorithm"] = "algorithm", ["--calib"] = "calib", ["--samples"] = "samples",
-                  ["--seq-len"] = "seq_len", ["--batch"] = "batch", ["--seed"] = "seed", ["--layout"] = "layout",
-                  ["--out"] = "out", ["-o"] = "out", ["--kv-cache"] = "kv_cache" }
-  local numeric = { samples = true, seq_len = true, batch = true, seed = true }
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local key, inline = a:match("^(%-%-[%w%-]+)=(.*)$")
-    key = key or a
-    if flags[key] then
-      local v = inline
-      if v == nil then
-        i = i + 1
-        v = args[i]
-      end
-      if v == nil then return err(key .. " needs a value") end
-      local name = flags[key]
-      if numeric[name] then
-        local n = tonumber(v)
-        if not n or n % 1 ~= 0 or n < 0 then return err(("%s must be a non-negative integer, got %s"):format(key, v)) end
-        v = n
-      end
-      o[name] = v
-    elseif a == "--allow-uncalibrated" then o.allow_uncalibrated = true
-    elseif a == "--quiet" or a == "-q" then o.quiet = true
-    elseif a == "-h" or a == "--help" then io.stdout:write(USAGE); return 0
-    else
-      io.stderr:write("nibble quantize: unknown argument ", a, "\n", USAGE)
-      return 1
-    end
-    i = i + 1
-  end
+  local o, code = require("nibble.cli").parse("quantize", USAGE, args, SPEC)
+  if not o then return code end
   if not o.model or not o.format or not o.out then
     io.stderr:write(USAGE)
     return 1
