@@ -327,11 +327,13 @@ function M.run(r, args, opts)
   local qm = qmodel.new(model)
   result.qmodel = qm
   local nq = M.apply(qm, plan)
-  if nq == 0 then error("recipe: no module is quantized (every linear module is excluded); see nibble plan", 0) end
+  local kv = M.kv_of(r)
+  if nq == 0 and not kv then
+    error("recipe: no module is quantized (every linear module is excluded); see nibble plan", 0)
+  end
   local groups = qm:fuse_siblings()
   log("ptq: %d of %d linear modules quantized, %d fused sibling groups, algorithm %s", nq, qm:count(), groups,
       algorithm)
-  local kv = M.kv_of(r)
   if kv then
     qm:set_kv(kv.format)
     result.kv_cache = kv.format

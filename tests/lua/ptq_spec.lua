@@ -243,6 +243,32 @@ describe("ptq on stories260K", function()
       err_of(qmodel.activations, back), nil, true)
   end)
 
+  it("a recipe may quantize the KV cache alone (weights stay as they are)", function()
+    if not need(stories, train) then return end
+    local out = tmp .. "/kv-only"
+    local res = quiet_run(recipe.new {
+      extends = "units/kv_fp8", model = { path = stories },
+      calibration = { data = train, samples = 8, seq_len = 128, batch = 4, seed = 1 }, export = { dir = out } })
+    assert.are.equal("fp8", res.kv_cache)
+    local q = json_file(out .. "/hf_quant_config.json").quantization
+    assert.are.equal(nibble.json.null, q.quant_algo)
+    assert.are.equal("FP8", q.kv_cache_quant_algo)
+    local info = st_info(out)
+    assert.are.equal("F32", info["model.layers.4.self_attn.v_proj.v_scale"].dtype)
+    for name, e in pairs(info) do
+      assert.is_nil(name:match("weight_scale"), name)
+      if name:match("%.weight$") then assert.are.equal("F32", e.dtype, name) end
+    end
+    local back = nibble.model.load(out)
+    local toks = ids(64, 512)
+    local plain = logits(back, toks)
+    local aq, n, nkv = qmodel.activations(back)
+    assert.are.equal(0, n)
+    assert.are.equal(5, nkv)
+    assert.is_true(plain:max_abs_diff(logits(back, toks)) > 1e-4)
+    aq:free()
+  end)
+
   it("a KV cache recipe without calibration data is refused before any compute", function()
     if not need(stories) then return end
     assert.matches("this recipe quantizes activations or the KV cache, so it needs calibration data",
