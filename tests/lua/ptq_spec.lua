@@ -269,6 +269,13 @@ describe("ptq on stories260K", function()
     aq:free()
   end)
 
+  it("a recipe that excludes every module (and no KV cache) is refused, pointing at nibble plan", function()
+    if not need(stories) then return end
+    assert.matches("recipe: no module is quantized (every linear module is excluded); see nibble plan",
+      err_of(quiet_run, recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories },
+                                     quantize = { { "*", false } }, export = { dir = tmp .. "/never" } }), nil, true)
+  end)
+
   it("a KV cache recipe without calibration data is refused before any compute", function()
     if not need(stories) then return end
     assert.matches("this recipe quantizes activations or the KV cache, so it needs calibration data",
