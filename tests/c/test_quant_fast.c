@@ -466,6 +466,26 @@ static void test_bf16_kernels(void) {
     a.scale = 1.0f;
     a.global_amax = 1.0f;
     CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4_46, h, 32, &a, q, sc), 1);
+    /* a NaN or Inf anywhere in the row (groups and tails) is reported: 2 */
+    static const nb_qformat kf[4] = {NB_FMT_NVFP4, NB_FMT_NVFP4_46, NB_FMT_MXFP8, NB_FMT_FP8_TENSOR};
+    static const uint16_t bad[3] = {0x7FC0, 0x7F80, 0xFF80};
+    uint8_t *qq = malloc(4128), *ss = malloc(4128 / 16);
+    for (int k = 0; k < 4; k++)
+        for (int b = 0; b < 3; b++)
+            for (int pos = 0; pos < 3; pos++) {
+                int64_t len = 4128, at = pos == 0 ? 5 : pos == 1 ? 3000 : 4127;   /* last: in the tail past 4096 */
+                for (int64_t i = 0; i < len; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&RNG));
+                h[at] = bad[b];
+                memset(&a, 0, sizeof a);
+                a.scale = 0.01f;
+                a.global_amax = 4.0f;
+                a.div_dtype = NB_BF16;
+                for (int64_t i = 0; i < len / 16; i++) bam[i] = 1.0f;
+                if (kf[k] == NB_FMT_NVFP4_46) a.block_amax = bam;   /* static: no block maxima from the data */
+                CHECK_EQ_INT(nbq_avx512_quantize_bf16(kf[k], h, len, &a, qq, ss), 2);
+            }
+    free(qq);
+    free(ss);
     printf("avx512 bf16 rows compared bit for bit: %lld\n", (long long)n_bf16_rows);
     free(x); free(bam); free(h);
 }

@@ -105,8 +105,9 @@ NB_AVX512 static inline __m512i rne_pair(__m512i ue, __m512i uo) {
 /* E2M1 codes of 16 f32 quotients (nb_f32_to_e2m1 for finite values: the one-add rounding of
  * fast_x86.h's e2m1_enc_: a + M with ulp(M) the grid step of a's binade), and in *near the lanes
  * whose rounding residual a - round(a) is within 2^-14 steps of half a step: only those can round
- * differently from a quotient 3 ulps away (the residual is exact, so zeros and grid points are
- * never near). */
+ * differently from a quotient 3 ulps away. The residual is exact, so zeros and grid points are never
+ * near (bf16 weights divided by a block scale land exactly on grid points often: a test on the bit
+ * pattern alone would send them to the division). */
 NB_AVX512 static inline __m512i e2m1_f32(__m512 q, __mmask16 *near) {
     __m512 a = _mm512_min_ps(_mm512_abs_ps(q), _mm512_set1_ps(6.0f));
     __m512i e = _mm512_max_epi32(_mm512_and_si512(_mm512_castps_si512(a), i32v(0x7F800000)), i32v(127 << 23));
@@ -167,9 +168,9 @@ static void nv_pair_ref(const uint16_t *x, float p0, float p1, uint8_t *q) {
 }
 
 /* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. norm 448 (NVFP4) or 256
- * (four_over_six, static only). */
+ * (four_over_six, static only). *vmax collects the magnitudes seen (for the NaN/Inf check). */
 NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, float norm, uint8_t *q,
-                                      uint8_t *s) {
+                                      uint8_t *s, __m512i *vmax) {
     const int64_t nb = (n / NB_NVFP4_BLOCK) & ~(int64_t)15;
     const __m512 s2 = _mm512_set1_ps(a->scale);
     const __m512 d6 = _mm512_set1_ps(6.0f * a->scale);
@@ -179,15 +180,17 @@ NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qro
         const uint16_t *xg = x + g * NB_NVFP4_BLOCK;
         __m512i v[8];
         for (int i = 0; i < 8; i++) v[i] = _mm512_loadu_si512((const void *)(xg + 32 * i));
-        __m512i sb;
+        __m512i sb, t[8];
+        for (int i = 0; i < 8; i++) {
+            t[i] = _mm512_and_si512(v[i], i16(0x7FFF));
+            *vmax = _mm512_max_epu16(*vmax, t[i]);
+        }
         if (a->block_amax) {
             /* nb_nvfp4_block_scale_static: r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6 */
             __m512 pbs = zero_to_one16(_mm512_div_ps(_mm512_loadu_ps(a->block_amax + g), _mm512_set1_ps(6.0f)));
             __m512 r = _mm512_mul_ps(pbs, _mm512_set1_ps(norm));
             sb = scale_e4m3_16(_mm512_div_ps(r, _mm512_set1_ps(a->global_amax / 6.0f)));
         } else {
-            __m512i t[8];
-            for (int i = 0; i < 8; i++) t[i] = _mm512_and_si512(v[i], i16(0x7FFF));
             sb = scale_e4m3_16(zero_to_one16(_mm512_div_ps(tree16(t), d6)));
         }
         __m512 p = _mm512_mul_ps(e4m3_dec16(sb), s2);
@@ -263,8 +266,9 @@ static void mx_block_ref(const uint16_t *x, uint8_t code, uint8_t *q) {
     }
 }
 
-/* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. */
-NB_AVX512 static int64_t mx_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
+/* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. *vmax as nv_groups512. */
+NB_AVX512 static int64_t mx_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s,
+                                      __m512i *vmax) {
     const int64_t nb = (n / NB_MXFP8_BLOCK) & ~(int64_t)15;
     const uint32_t *tab = nbq_mx_ceil_table();
     uint16_t sh[16];
@@ -276,6 +280,7 @@ NB_AVX512 static int64_t mx_groups512(const uint16_t *x, int64_t n, const nb_qro
             __m512i A = _mm512_and_si512(_mm512_loadu_si512((const void *)(xg + 64 * i)), i16(0x7FFF));
             __m512i B = _mm512_and_si512(_mm512_loadu_si512((const void *)(xg + 64 * i + 32)), i16(0x7FFF));
             t[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(A, B, 0x44), _mm512_shuffle_i64x2(A, B, 0xEE));
+            *vmax = _mm512_max_epu16(*vmax, t[i]);
         }
         __m512i code = mx_codes16(tree16(t), a->mx_floor, tab);
         __m128i c8 = _mm512_cvtepi32_epi8(code);
@@ -312,7 +317,30 @@ static void fp8_ref32(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_
 
 /* Whole 32-element steps of a BF16 row with divisor sc (a normal f32 in [2^-100, 2^100]); dd NB_BF16
  * (ModelOpt's quotient rounded to bf16) or NB_F32. Returns the elements done. */
-NB_AVX512 static int64_t fp8_steps512(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q) {
+#define NB_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+
+/* The bf16 rounding of 32 f32 quotients by VCVTNE2PS2BF16 (RNE; it treats f32 subnormals as zero,
+ * and those lanes, |q| < 2^-120, are already on the reference path), in element order. */
+NB_AVX512BF16 static inline __m512i rne_pair_hw(__m512 qe, __m512 qo) {
+    /* 16-bit lane 2j <- j (even element j), 2j+1 <- 16+j: as 32-bit lanes j | (16+j) << 16 */
+    const __m512i j = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i inter = _mm512_or_si512(j, _mm512_slli_epi32(_mm512_add_epi32(j, _mm512_set1_epi32(16)), 16));
+    return _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(qo, qe));
+}
+
+static int cpu_has_avx512bf16(void) {
+    static int cached = -1;
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v >= 0) return v;
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512bf16");
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+NB_AVX512 __attribute__((always_inline)) static inline int64_t fp8_steps(const uint16_t *x, int64_t n, float sc,
+                                                                        int32_t dd, uint8_t *q, __m512i *vmax,
+                                                                        const int hw) {
     const __m512 r = _mm512_set1_ps(1.0f / sc), scv = _mm512_set1_ps(sc);
     /* |x| below these bf16 patterns gives |x/sc| < 2^-120 (bf16 path) or < 2^-6 (f32 path: E4M3
      * subnormals of an approximate quotient); such nonzero lanes take the reference path */
@@ -326,6 +354,7 @@ NB_AVX512 static int64_t fp8_steps512(const uint16_t *x, int64_t n, float sc, in
     for (; i + 32 <= n; i += 32) {
         __m512i v = _mm512_loadu_si512((const void *)(x + i));
         __m512i mag = _mm512_and_si512(v, i16(0x7FFF));
+        *vmax = _mm512_max_epu16(*vmax, mag);
         __mmask32 slow = _mm512_test_epi16_mask(mag, mag) & _mm512_cmplt_epu16_mask(mag, tiny);
         __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xo = _mm512_castsi512_ps(_mm512_and_si512(v, i32v((int)0xFFFF0000u)));
         __m512 qe = _mm512_mul_ps(xe, r), qo = _mm512_mul_ps(xo, r);
@@ -334,7 +363,7 @@ NB_AVX512 static int64_t fp8_steps512(const uint16_t *x, int64_t n, float sc, in
         if (ne) qe = _mm512_mask_div_ps(qe, ne, xe, scv);   /* the reference's own quotient near a boundary */
         if (no) qo = _mm512_mask_div_ps(qo, no, xo, scv);
         __m512i ue = _mm512_castps_si512(qe), uo = _mm512_castps_si512(qo);
-        __m512i h = dd == NB_BF16 ? rne_pair(ue, uo) : rto_pair(ue, uo);
+        __m512i h = dd != NB_BF16 ? rto_pair(ue, uo) : hw ? rne_pair_hw(qe, qo) : rne_pair(ue, uo);
         __m512i c = e4m3_mag16(_mm512_and_si512(h, i16(0x7FFF)), h, &slow);
         if (slow) fp8_ref32(x + i, 32, sc, dd, q + i);
         else _mm256_storeu_si256((__m256i *)(q + i), _mm512_cvtepi16_epi8(c));
@@ -342,16 +371,34 @@ NB_AVX512 static int64_t fp8_steps512(const uint16_t *x, int64_t n, float sc, in
     return i;
 }
 
+/* One instance per division dtype, so each loop holds only its own rounding. */
+NB_AVX512 static int64_t fp8_steps512(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q, __m512i *vmax) {
+    if (dd == NB_BF16) return fp8_steps(x, n, sc, NB_BF16, q, vmax, 0);
+    return fp8_steps(x, n, sc, NB_F32, q, vmax, 0);
+}
+
+NB_AVX512BF16 static int64_t fp8_steps512_bf16(const uint16_t *x, int64_t n, float sc, uint8_t *q, __m512i *vmax) {
+    return fp8_steps(x, n, sc, NB_BF16, q, vmax, 1);
+}
+
 /* ---- entry ---------------------------------------------------------------------------------------------- */
+
+/* 2 when the row holds a NaN/Inf (any magnitude pattern >= 0x7F80), else 0. */
+NB_AVX512 static int row_status(__m512i vmax, const uint16_t *x, int64_t from, int64_t n) {
+    int bad = _mm512_cmpge_epu16_mask(vmax, i16(0x7F80)) != 0;
+    for (int64_t i = from; i < n; i++) bad |= (x[i] & 0x7F80) == 0x7F80;
+    return bad ? 2 : 0;
+}
 
 NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                                        uint8_t *s) {
     float tail[512];
+    __m512i vmax = _mm512_setzero_si512();
     switch (f) {
     case NB_FMT_NVFP4:
     case NB_FMT_NVFP4_46: {
         if (f == NB_FMT_NVFP4_46 && !a->block_amax) return 1;   /* the per-block pick: the f32 row */
-        int64_t g = nv_groups512(x, n, a, f == NB_FMT_NVFP4 ? 448.0f : 256.0f, q, s);
+        int64_t g = nv_groups512(x, n, a, f == NB_FMT_NVFP4 ? 448.0f : 256.0f, q, s, &vmax);
         int64_t rest = n - g * NB_NVFP4_BLOCK;
         if (rest > 0) {
             nb_qrow_args t = *a;
@@ -360,24 +407,25 @@ NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t 
             if (f == NB_FMT_NVFP4) nb_nvfp4_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
             else nb_nvfp4_46_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
         }
-        return 0;
+        return row_status(vmax, x, g * NB_NVFP4_BLOCK, n);
     }
     case NB_FMT_MXFP8: {
-        int64_t g = mx_groups512(x, n, a, q, s);
+        int64_t g = mx_groups512(x, n, a, q, s, &vmax);
         int64_t rest = n - g * NB_MXFP8_BLOCK;
         if (rest > 0) {
             for (int64_t k = 0; k < rest; k++) tail[k] = bf2f(x[g * NB_MXFP8_BLOCK + k]);
             nb_mxfp8_quantize_row_ref(tail, rest, a, q + g * NB_MXFP8_BLOCK, s + g);
         }
-        return 0;
+        return row_status(vmax, x, g * NB_MXFP8_BLOCK, n);
     }
     case NB_FMT_FP8_TENSOR:
     case NB_FMT_FP8_CHANNEL: {
         if (a->div_dtype != NB_BF16 && a->div_dtype != NB_F32) return 1;
         if (!(a->scale >= 0x1p-100f && a->scale <= 0x1p100f)) return 1;
-        int64_t i = fp8_steps512(x, n, a->scale, a->div_dtype, q);
+        int64_t i = a->div_dtype == NB_BF16 && cpu_has_avx512bf16() ? fp8_steps512_bf16(x, n, a->scale, q, &vmax)
+                                                                      : fp8_steps512(x, n, a->scale, a->div_dtype, q, &vmax);
         if (i < n) fp8_ref32(x + i, n - i, a->scale, a->div_dtype, q + i);
-        return 0;
+        return row_status(vmax, x, i, n);
     }
     default:
         return 1;

@@ -56,9 +56,10 @@ nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *w
 
 /* --- AVX-512 BF16-input quantize kernels (fast_avx512.c) ------------------------------------------- */
 int nbq_cpu_has_avx512(void);
-/* Quantize one BF16 row (n a multiple of the format's block; finite values) bit-equal to the format's
- * reference row. Returns 0 when done, 1 when these arguments are not handled (NVFP4_46's per-block
- * pick, FP8 with an f16 division or a scale outside [2^-100, 2^100]): then run the f32 row. */
+/* Quantize one BF16 row (n a multiple of the format's block) bit-equal to the format's reference
+ * row. Returns 0 when done, 2 when the row holds a NaN/Inf (its output is then meaningless, but
+ * written without harm), 1 when these arguments are not handled (NVFP4_46's per-block pick, FP8 with
+ * an f16 division or a scale outside [2^-100, 2^100]): then run the f32 row. */
 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                              uint8_t *s);
 /* Whether nb_quantize may use nbq_avx512_quantize_bf16 for format f: the "avx512" path is installed

@@ -1,6 +1,8 @@
 /* Quantized tensors and the tensor-level drivers: validate the input (shape vs block, NaN/Inf),
  * resolve the per-tensor scales once (a plan), then run the format's row functions over rows
- * with nb_parallel_for. Quantize, fake quant and dequantize all go through the traits table. */
+ * with nb_parallel_for. Quantize, fake quant and dequantize all go through the traits table.
+ * Quantize reads the input once unless a per-tensor amax must come from the data first: the NaN/Inf
+ * check and FP8's row amax happen per row, in cache, in the same pass as the quantization. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -461,6 +463,19 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; k++) {
         int64_t r = j->reverse ? begin + end - 1 - k : k;
         const uint8_t *xr = j->x + r * xb;
+        /* ask for the next row while this one is quantized, so the reads overlap the arithmetic
+         * (prefetches never fault: past the range end they are harmless) */
+        if (k + 1 < end && xb <= 65536) {
+            const char *nx = (const char *)(j->x + (j->reverse ? r - 1 : r + 1) * xb);
+            for (int64_t off = 0; off < xb; off += 64) __builtin_prefetch(nx + off, 0, 2);
+        }
+        int kernel = j->bf16 && !j->row_scale_out;   /* the kernel checks NaN/Inf itself */
+        if (kernel) {
+            nbq_plan_row(pl, r, &a);
+            int st = nbq_avx512_quantize_bf16(pl->fmt, (const uint16_t *)xr, n, &a, j->q + r * qb, j->s ? j->s + r * sb : NULL);
+            if (st == 2) __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
+            if (st != 1) continue;
+        }
         if (j->check_rows || j->row_scale_out) {
             int nonfinite = 0;
             float m = nbq_fast_absmax(xr, j->xdt, n, &nonfinite);
@@ -476,7 +491,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
         }
         nbq_plan_row(pl, r, &a);
         uint8_t *qr = j->q + r * qb, *sr = j->s ? j->s + r * sb : NULL;
-        if (j->bf16 && !nbq_avx512_quantize_bf16(pl->fmt, (const uint16_t *)xr, n, &a, qr, sr)) continue;
+        if (j->bf16 && !kernel && nbq_avx512_quantize_bf16(pl->fmt, (const uint16_t *)xr, n, &a, qr, sr) != 1) continue;
         if (!buf && !(buf = malloc((size_t)n * sizeof(float)))) {
             __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
             return;
