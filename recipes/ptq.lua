@@ -2,7 +2,7 @@
 --   nibble run recipes/ptq.lua model=PATH out=DIR [format=nvfp4_w4a16] [algorithm=max|mse|four_over_six]
 --       [calib=FILE] [samples=512] [seq_len=512] [seed=1] [layout=modelopt|compressed-tensors] [kv_cache=fp8]
 --   nibble plan recipes/ptq.lua model=PATH        (what would be quantized, and why not)
--- Formats: nvfp4_w4a16, nvfp4 (W4A4: needs calib), nvfp4_static, nvfp4_4o6, mxfp8, fp8 (W8A8: needs
+-- Formats: nvfp4_w4a16, nvfp4 (W4A4: needs calib), nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4 (W4A4), mxfp8, fp8 (W8A8: needs
 -- calib), fp8_per_channel. The unit recipes/units/<format>.lua quantizes every linear layer and keeps
 -- the default exclusions (lm_head, routers, MoE gates); layers whose width the block does not divide
 -- stay unquantized with that reason. kv_cache=fp8 adds an FP8 KV cache (units/kv_fp8: k_scale / v_scale per

@@ -102,8 +102,8 @@ local function check_algorithm(r, plan)
   if algo == "four_over_six" then
     for _, e in ipairs(plan) do
       if e.preset and e.preset.format == "nvfp4" and not e.preset.four_over_six then
-        fail(("recipe: algorithm four_over_six needs the nvfp4_4o6 preset, but %s is %s (use format nvfp4_4o6, "
-              .. "or algorithm max / mse)"):format(e.name, e.format), 0)
+        error(("recipe: algorithm four_over_six needs the nvfp4_4o6 preset, but %s is %s (use format nvfp4_4o6, "
+               .. "or algorithm max / mse)"):format(e.name, e.format), 0)
       end
     end
   end
@@ -307,6 +307,7 @@ function M.run(r, args, opts)
   local log = logger(opts.quiet)
   local t_start = now()
   r = M.prepare(r, args)
+  if r.threads then nibble.set_threads(r.threads) end
   local mpath = r.model and r.model.path
   local export = r.export or {}
   if not opts.dry_run and not opts.no_export and not export.dir then

@@ -44,7 +44,7 @@ M.schema = {
   allow_uncalibrated = "boolean", kv_cache = true, seed = "number", threads = "number",
 }
 M.sub_schema = {
-  model = { path = true, teacher = true, dtype = true },
+  model = { path = true, teacher = true },
   calibration = { data = true, samples = true, seq_len = true, batch = true, pack = true,
                   random_offset = true, seed = true, text_field = true, separator = true },
   distill = { loss = true, temperature = true, t2 = true, topk = true, lm_loss = true, kd_loss_scale = true,

@@ -110,6 +110,21 @@ describe("resolve", function()
   end)
 end)
 
+describe("recipes/ptq.lua", function()
+  it("has a unit for every preset (each quantizes the attention projections in that format)", function()
+    local names = {}
+    for k in pairs(recipe.presets) do names[#names + 1] = k end
+    table.sort(names)
+    assert.is_true(#names >= 8)
+    for _, f in ipairs(names) do
+      local r = recipe.load(src .. "/recipes/ptq.lua", { format = f, model = "unused" })
+      local plan = by_name(recipe.resolve(recipe.compose(r), stories_modules()))
+      assert.are.equal(f, plan["model.layers.0.self_attn.q_proj"].format, f)
+      assert.is_nil(plan["lm_head"].format, f)
+    end
+  end)
+end)
+
 describe("validation", function()
   local mods = stories_modules()
   it("unknown top-level key, with did-you-mean", function()

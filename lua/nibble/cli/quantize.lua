@@ -2,7 +2,8 @@
 -- Usage: nibble quantize --model PATH --format F [--algorithm A] [--calib FILE] [--samples N]
 --          [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
 --          [--kv-cache fp8] [--allow-uncalibrated] [--quiet] --out DIR
--- F is a preset: nvfp4_w4a16, nvfp4 (W4A4), nvfp4_static, nvfp4_4o6, mxfp8, fp8 (W8A8), fp8_per_channel.
+-- F is a preset: nvfp4_w4a16, nvfp4 (W4A4), nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4 (W4A4), mxfp8, fp8 (W8A8),
+-- fp8_per_channel.
 -- Every linear layer gets F except the default exclusions (lm_head, routers, MoE gates) and the
 -- layers whose width the format's block does not divide. Formats that quantize activations need
 -- --calib (text, JSONL or JSON); weight-only formats calibrate the weights alone. The same run as a
@@ -12,7 +13,7 @@ local USAGE = [[
 usage: nibble quantize --model PATH --format F [--algorithm max|mse|four_over_six] [--calib FILE]
          [--samples N] [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
          [--kv-cache fp8] [--allow-uncalibrated] [--quiet] --out DIR
-formats: nvfp4_w4a16, nvfp4, nvfp4_static, nvfp4_4o6, mxfp8, fp8, fp8_per_channel
+formats: nvfp4_w4a16, nvfp4, nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4, mxfp8, fp8, fp8_per_channel
 ]]
 
 local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
