@@ -388,6 +388,15 @@ describe("plans without weights", function()
                          { dry_run = true, quiet = true, model = nibble.model.load(stories) })
     assert.are.equal(recipe.format_plan(full.plan), recipe.format_plan(r.plan))
   end)
+
+  it("the recipe's threads sets the thread count", function()
+    if not need(stories) then return end
+    local before = nibble.threads()
+    ptq.run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories }, threads = 1 }, nil,
+            { dry_run = true, quiet = true })
+    assert.are.equal(1, nibble.threads())
+    nibble.set_threads(before)
+  end)
 end)
 
 describe("the command line", function()
