@@ -466,6 +466,33 @@ static void test_bf16_kernels(void) {
     a.scale = 1.0f;
     a.global_amax = 1.0f;
     CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4_46, h, 32, &a, q, sc), 1);
+    /* NVFP4's division without dividing: every block with the same amax (so one divisor p per row),
+     * its other 15 elements sweeping every bf16 magnitude up to it, both signs; 60 divisors */
+    {
+        const int64_t nb = 4096, len = nb * 16;
+        float *xf = malloc((size_t)len * 4);
+        uint16_t *xh = malloc((size_t)len * 2);
+        uint8_t *q0 = malloc((size_t)len / 2), *q1 = malloc((size_t)len / 2), *s0 = malloc((size_t)nb), *s1 = malloc((size_t)nb);
+        for (int trial = 0; trial < 60; trial++) {
+            uint16_t top = (uint16_t)(0x2000 + rnd32() % 0x3F00);   /* amax from ~1e-19 to ~1e19 */
+            uint32_t k = rnd32();
+            for (int64_t b = 0; b < nb; b++)
+                for (int i = 0; i < 16; i++) {
+                    uint16_t m = i == 0 ? top : (uint16_t)(k++ % ((uint32_t)top + 1));
+                    xh[b * 16 + i] = (uint16_t)(m | ((rnd32() & 1) ? 0x8000 : 0));
+                    xf[b * 16 + i] = nb_bf16_to_f32(xh[b * 16 + i]);
+                }
+            memset(&a, 0, sizeof a);
+            float am = nb_bf16_to_f32(top);
+            a.global_amax = trial % 3 == 0 ? am : am * (float)(1.0 + unif() * 300.0);
+            a.scale = nb_nvfp4_scale2(a.global_amax, 448.0f);
+            nb_nvfp4_quantize_row_ref(xf, len, &a, q0, s0);
+            CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4, xh, len, &a, q1, s1), 0);
+            CHECK_SAME("nvfp4", q0, q1, len / 2, "one divisor, every magnitude: amax %a s2 %a", (double)am, (double)a.scale);
+            CHECK_SAME("nvfp4", s0, s1, nb, "one divisor, every magnitude (scales)");
+        }
+        free(xf); free(xh); free(q0); free(q1); free(s0); free(s1);
+    }
     /* a NaN or Inf anywhere in the row (groups and tails) is reported: 2 */
     static const nb_qformat kf[4] = {NB_FMT_NVFP4, NB_FMT_NVFP4_46, NB_FMT_MXFP8, NB_FMT_FP8_TENSOR};
     static const uint16_t bad[3] = {0x7FC0, 0x7F80, 0xFF80};

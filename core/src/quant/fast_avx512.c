@@ -3,10 +3,9 @@
  * Speed comes from three exact shortcuts, each with a named fallback to the reference arithmetic:
  *  - E4M3 rounding of values that are bf16 numbers is done on the 16-bit patterns, 32 lanes at a
  *    time (MXFP8 scales by a power of two, so x * 2^k is x's bf16 pattern with its exponent moved).
- *  - A quotient x / p is computed as x * f32(1/p), which is within 3 ulps of f32(x / p); only lanes
- *    whose product lies within 8 ulps of a rounding boundary of the next step (an E2M1 or E4M3
- *    midpoint, or a bf16 midpoint for ModelOpt's bf16 division) can round differently, and those
- *    lanes are recomputed with the reference's own division (exact ties in the data land here).
+ *  - Quotients x / p (NVFP4) and x / s (FP8) come from x * f32(1/p) and two FMA corrections
+ *    (Markstein): exactly f32(x / p), without a division per element (the divider is the slowest
+ *    unit; 47M bf16 x / p pairs were checked against the division besides the tests).
  *  - E4M3 rounding of an f32 value goes through bf16 rounded to odd (7 >= 3 + 2 mantissa bits, so
  *    the second rounding to nearest-even equals the direct one).
  * Lanes in E4M3's subnormal range, bf16 subnormal inputs and tiny quotients take the reference path
@@ -86,6 +85,16 @@ NB_AVX512 static inline __m512i e4m3_mag16(__m512i a, __m512i sgn, __mmask32 *sl
     return _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(sgn, 8), i16(0x80), 0xF8);   /* code | (sgn>>8 & 0x80) */
 }
 
+/* E4M3 codes of 32 bf16 magnitudes `a` that are 0 or >= 2^-6 (the caller sends the E4M3 subnormal
+ * range to the reference), sign from bit 15 of `sgn`: e4m3_mag16 without its subnormal test; the
+ * saturating rebias leaves 0 for a = 0. */
+NB_AVX512 static inline __m512i e4m3_normal16(__m512i a, __m512i sgn) {
+    __m512i qc = _mm512_min_epu16(a, i16(0x43E0));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(qc, 4), i16(1));
+    __m512i code = _mm512_srli_epi16(_mm512_subs_epu16(_mm512_add_epi16(qc, lsb), i16(0x3C00 - 7)), 4);
+    return _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(sgn, 8), i16(0x80), 0xF8);
+}
+
 /* bf16 rounded to odd of 16 f32 lanes, in the high half (odd elements) or low half (even elements)
  * of each 32-bit lane; combined they give 32 bf16 patterns in element order. */
 NB_AVX512 static inline __m512i rto_pair(__m512i ue, __m512i uo) {
@@ -102,24 +111,29 @@ NB_AVX512 static inline __m512i rne_pair(__m512i ue, __m512i uo) {
     return _mm512_ternarylogic_epi32(_mm512_srli_epi32(re, 16), ro, i32v((int)0xFFFF0000u), 0xF8);
 }
 
-/* E2M1 codes of 16 f32 quotients (nb_f32_to_e2m1 for finite values: the one-add rounding of
- * fast_x86.h's e2m1_enc_: a + M with ulp(M) the grid step of a's binade), and in *near the lanes
- * whose rounding residual a - round(a) is within 2^-14 steps of half a step: only those can round
- * differently from a quotient 3 ulps away. The residual is exact, so zeros and grid points are never
- * near (bf16 weights divided by a block scale land exactly on grid points often: a test on the bit
- * pattern alone would send them to the division). */
-NB_AVX512 static inline __m512i e2m1_f32(__m512 q, __mmask16 *near) {
+/* E2M1 codes of 16 f32 quotients: nb_f32_to_e2m1 for finite values, by the one-add rounding of
+ * fast_x86.h's e2m1_enc_ (a + M with ulp(M) the grid step of a's binade). */
+NB_AVX512 static inline __m512i e2m1_f32(__m512 q) {
     __m512 a = _mm512_min_ps(_mm512_abs_ps(q), _mm512_set1_ps(6.0f));
     __m512i e = _mm512_max_epi32(_mm512_and_si512(_mm512_castps_si512(a), i32v(0x7F800000)), i32v(127 << 23));
     __m512i m = _mm512_add_epi32(e, i32v(22 << 23));
-    __m512 y = _mm512_add_ps(a, _mm512_castsi512_ps(m));
-    __m512 res = _mm512_sub_ps(a, _mm512_sub_ps(y, _mm512_castsi512_ps(m)));
-    *near = _mm512_cmp_ps_mask(_mm512_abs_ps(res), _mm512_mul_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(0x1.FFF8p-25f)),
-                               _CMP_GE_OQ);
-    __m512i k = _mm512_sub_epi32(_mm512_castps_si512(y), m);
+    __m512i k = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(a, _mm512_castsi512_ps(m))), m);
     __m512i code = _mm512_add_epi32(k, _mm512_sub_epi32(_mm512_srli_epi32(m, 22), i32v(2 * 149)));
     __mmask16 neg = _mm512_cmp_ps_mask(q, _mm512_setzero_ps(), _CMP_LT_OQ);
     return _mm512_mask_or_epi32(code, neg, code, i32v(8));
+}
+
+/* f32(x / p) without a division: y = f32(1/p), q0 = f32(x*y), then two of Markstein's corrections
+ * q' = q + (x - q*p)*y, each residual one FMA. The first brings q within one ulp of x/p, and from
+ * there Markstein's theorem (y within half an ulp of 1/p, q faithful) makes the second round to
+ * f32(x / p) exactly. Needs the residuals normal: |x| >= 2^-60 (smaller lanes only need their sign,
+ * which every step keeps) and p in [2^-90, 256]. */
+NB_AVX512 static inline __m512 div_markstein(__m512 x, __m512 p, __m512 y) {
+    __m512 q = _mm512_mul_ps(x, y);
+    __m512 e = _mm512_fnmadd_ps(q, p, x);
+    q = _mm512_fmadd_ps(e, y, q);
+    e = _mm512_fnmadd_ps(q, p, x);
+    return _mm512_fmadd_ps(e, y, q);
 }
 
 /* nb_e4m3_to_f32 of bytes in 32-bit lanes (finite codes). */
@@ -185,20 +199,23 @@ NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qro
             t[i] = _mm512_and_si512(v[i], i16(0x7FFF));
             *vmax = _mm512_max_epu16(*vmax, t[i]);
         }
+        const __m512 bam = tree16(t);
         if (a->block_amax) {
             /* nb_nvfp4_block_scale_static: r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6 */
             __m512 pbs = zero_to_one16(_mm512_div_ps(_mm512_loadu_ps(a->block_amax + g), _mm512_set1_ps(6.0f)));
             __m512 r = _mm512_mul_ps(pbs, _mm512_set1_ps(norm));
             sb = scale_e4m3_16(_mm512_div_ps(r, _mm512_set1_ps(a->global_amax / 6.0f)));
         } else {
-            sb = scale_e4m3_16(zero_to_one16(_mm512_div_ps(tree16(t), d6)));
+            sb = scale_e4m3_16(zero_to_one16(_mm512_div_ps(bam, d6)));
         }
         __m512 p = _mm512_mul_ps(e4m3_dec16(sb), s2);
         _mm_storeu_si128((__m128i *)(s + g), _mm512_cvtepi32_epi8(sb));
         __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), p);
-        /* the shortcut's conditions: 2^-125 <= p <= 256 (r normal; a nonzero bf16 quotient is far from 0) */
-        __mmask16 ok = _mm512_cmp_ps_mask(p, _mm512_set1_ps(0x1p-125f), _CMP_GE_OQ) &
-                       _mm512_cmp_ps_mask(p, _mm512_set1_ps(256.0f), _CMP_LE_OQ);
+        /* div_markstein's conditions: p in [2^-90, 256] (then a nonzero bf16 quotient is far from 0 too),
+         * and no quotient near overflow (a clamped block scale can leave max|x| / p huge) */
+        __mmask16 ok = _mm512_cmp_ps_mask(p, _mm512_set1_ps(0x1p-90f), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(p, _mm512_set1_ps(256.0f), _CMP_LE_OQ) &
+                       _mm512_cmp_ps_mask(_mm512_mul_ps(bam, r), _mm512_set1_ps(0x1p100f), _CMP_LT_OQ);
         _mm512_storeu_ps(pa, p);
         uint8_t *qg = q + g * 8;
         if (ok != 0xFFFF) {
@@ -206,16 +223,11 @@ NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qro
             continue;
         }
         for (int i = 0; i < 8; i++) {
-            __m512 rr = _mm512_permutexvar_ps(_mm512_add_epi32(pair_idx, i32v(2 * i)), r);
-            __m512 qe = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v[i], 16)), rr);
-            __m512 qo = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v[i], i32v((int)0xFFFF0000u))), rr);
-            __mmask16 ne, no, unused;
-            __m512i ce = e2m1_f32(qe, &ne), co = e2m1_f32(qo, &no);
-            if (ne | no) {   /* the reference's own quotients for the lanes near a boundary */
-                __m512 pp = _mm512_permutexvar_ps(_mm512_add_epi32(pair_idx, i32v(2 * i)), p);
-                if (ne) ce = e2m1_f32(_mm512_mask_div_ps(qe, ne, _mm512_castsi512_ps(_mm512_slli_epi32(v[i], 16)), pp), &unused);
-                if (no) co = e2m1_f32(_mm512_mask_div_ps(qo, no, _mm512_castsi512_ps(_mm512_and_si512(v[i], i32v((int)0xFFFF0000u))), pp), &unused);
-            }
+            __m512i idx = _mm512_add_epi32(pair_idx, i32v(2 * i));
+            __m512 rr = _mm512_permutexvar_ps(idx, r), pp = _mm512_permutexvar_ps(idx, p);
+            __m512 qe = div_markstein(_mm512_castsi512_ps(_mm512_slli_epi32(v[i], 16)), pp, rr);
+            __m512 qo = div_markstein(_mm512_castsi512_ps(_mm512_and_si512(v[i], i32v((int)0xFFFF0000u))), pp, rr);
+            __m512i ce = e2m1_f32(qe), co = e2m1_f32(qo);
             __m512i bytes = _mm512_or_si512(ce, _mm512_slli_epi32(co, 4));
             _mm_storeu_si128((__m128i *)(qg + 16 * i), _mm512_cvtepi32_epi8(bytes));
         }
@@ -341,30 +353,30 @@ static int cpu_has_avx512bf16(void) {
 NB_AVX512 __attribute__((always_inline)) static inline int64_t fp8_steps(const uint16_t *x, int64_t n, float sc,
                                                                         int32_t dd, uint8_t *q, __m512i *vmax,
                                                                         const int hw) {
-    const __m512 r = _mm512_set1_ps(1.0f / sc), scv = _mm512_set1_ps(sc);
-    /* |x| below these bf16 patterns gives |x/sc| < 2^-120 (bf16 path) or < 2^-6 (f32 path: E4M3
-     * subnormals of an approximate quotient); such nonzero lanes take the reference path */
-    float lim = (dd == NB_BF16 ? 0x1p-120f : 0x1p-6f) * sc * 1.0625f;
-    uint32_t lu;
+    const __m512 r = _mm512_set1_ps(1.0f / sc), scv = _mm512_set1_ps(sc);   /* sc in [2^-100, 2^100] */
+    /* Nonzero lanes outside these bf16 magnitudes take the reference path: |x| < 2^-60 (div_markstein's
+     * residuals would be subnormal), |x/sc| < 2^-6 (E4M3 subnormals; this also keeps f32 subnormals
+     * away from VCVTNE2PS2BF16, which flushes them), |x/sc| >= 2^100 (the quotient near overflow). */
+    float lim = 0x1p-6f * sc * 1.0625f, hi = 0x1p100f * sc * 0.9375f;
+    if (lim < 0x1p-60f) lim = 0x1p-60f;
+    uint32_t lu, hu;
     memcpy(&lu, &lim, 4);
+    memcpy(&hu, &hi, 4);
     const __m512i tiny = i16((int)((lu >> 16) + 1));
-    const __m512i near_off = i32v(dd == NB_BF16 ? 8 - 0x8000 : 8 - 0x80000);
-    const __m512i near_mask = i32v(dd == NB_BF16 ? 0xFFF0 : 0xFFFF0);
+    const __m512i huge = i16(hu >= 0x7F800000u ? 0x7F80 : (int)(hu >> 16));
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512i v = _mm512_loadu_si512((const void *)(x + i));
         __m512i mag = _mm512_and_si512(v, i16(0x7FFF));
         *vmax = _mm512_max_epu16(*vmax, mag);
-        __mmask32 slow = _mm512_test_epi16_mask(mag, mag) & _mm512_cmplt_epu16_mask(mag, tiny);
-        __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xo = _mm512_castsi512_ps(_mm512_and_si512(v, i32v((int)0xFFFF0000u)));
-        __m512 qe = _mm512_mul_ps(xe, r), qo = _mm512_mul_ps(xo, r);
-        __mmask16 ne = _mm512_testn_epi32_mask(_mm512_add_epi32(_mm512_castps_si512(qe), near_off), near_mask);
-        __mmask16 no = _mm512_testn_epi32_mask(_mm512_add_epi32(_mm512_castps_si512(qo), near_off), near_mask);
-        if (ne) qe = _mm512_mask_div_ps(qe, ne, xe, scv);   /* the reference's own quotient near a boundary */
-        if (no) qo = _mm512_mask_div_ps(qo, no, xo, scv);
+        __mmask32 slow = (_mm512_test_epi16_mask(mag, mag) & _mm512_cmplt_epu16_mask(mag, tiny)) |
+                         _mm512_cmpgt_epu16_mask(mag, huge);
+        /* the magnitudes: quotients >= 0, the sign comes back from x at the end (-0 included) */
+        __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(mag, 16)), xo = _mm512_castsi512_ps(_mm512_and_si512(mag, i32v((int)0xFFFF0000u)));
+        __m512 qe = div_markstein(xe, scv, r), qo = div_markstein(xo, scv, r);
         __m512i ue = _mm512_castps_si512(qe), uo = _mm512_castps_si512(qo);
         __m512i h = dd != NB_BF16 ? rto_pair(ue, uo) : hw ? rne_pair_hw(qe, qo) : rne_pair(ue, uo);
-        __m512i c = e4m3_mag16(_mm512_and_si512(h, i16(0x7FFF)), h, &slow);
+        __m512i c = e4m3_normal16(h, v);
         if (slow) fp8_ref32(x + i, 32, sc, dd, q + i);
         else _mm256_storeu_si256((__m256i *)(q + i), _mm512_cvtepi16_epi8(c));
     }
