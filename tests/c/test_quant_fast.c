@@ -493,6 +493,23 @@ static void test_bf16_kernels(void) {
         }
         free(xf); free(xh); free(q0); free(q1); free(s0); free(s1);
     }
+    /* FP8 (the per-row E4M3 table, the arithmetic it is built from): every bf16 pattern against 40
+     * divisors from 2^-90 to 2^90, both division dtypes */
+    for (int trial = 0; trial < 40; trial++) {
+        float dv = ldexpf((float)(1.0 + unif()), (int)(rnd32() % 181) - 90);
+        if (trial == 0) dv = 1.0f;
+        for (uint32_t base = 0; base < 0x10000; base += 4096) {
+            for (int64_t i = 0; i < 4096; i++) {
+                uint16_t v = (uint16_t)(base + (uint32_t)i);
+                h[i] = (v & 0x7F80) == 0x7F80 ? (uint16_t)(v & 0x8000) : v;
+                x[i] = nb_bf16_to_f32(h[i]);
+            }
+            memset(&a, 0, sizeof a);
+            a.scale = dv;
+            a.div_dtype = trial & 1 ? NB_BF16 : NB_F32;
+            compare_bf16(NB_FMT_FP8_TENSOR, nb_fp8_quantize_row_ref, x, h, 4096, &a, "fp8, every pattern, 40 divisors");
+        }
+    }
     /* a NaN or Inf anywhere in the row (groups and tails) is reported: 2 */
     static const nb_qformat kf[4] = {NB_FMT_NVFP4, NB_FMT_NVFP4_46, NB_FMT_MXFP8, NB_FMT_FP8_TENSOR};
     static const uint16_t bad[3] = {0x7FC0, 0x7F80, 0xFF80};

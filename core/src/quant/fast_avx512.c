@@ -393,6 +393,61 @@ NB_AVX512BF16 static int64_t fp8_steps512_bf16(const uint16_t *x, int64_t n, flo
     return fp8_steps(x, n, sc, NB_BF16, q, vmax, 1);
 }
 
+/* ---- FP8 by table: with one divisor per row, the E4M3 code is a function of the bf16 pattern ---- */
+
+#define NB_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c")))
+
+static int cpu_has_avx512vbmi(void) {
+    static int cached = -1;
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v >= 0) return v;
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512vbmi");
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+/* Scaling x by 2^k scales x / sc by 2^k exactly, and every rounding on the way (f32, bf16, E4M3)
+ * commutes with that while the quotient is a normal E4M3 value: then code(x) = T[m] + 8*(E - E0)
+ * for x's 7 mantissa bits m and biased exponent E, where T[m] is the code of the bf16 with exponent
+ * E0 and mantissa m, computed by the arithmetic path above (E0 puts those quotients in (2, 8)).
+ * Codes past 448 clamp to 0x7E (the codes are monotone, so the clamp is a min). Quotients below
+ * 2^-6 (E4M3 subnormals) and bf16 subnormals go to the reference through the same tiny test. So a
+ * row costs 128 arithmetic quotients plus one byte lookup (VPERMI2B) per element. */
+NB_AVX512VBMI static int64_t fp8_table512(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q, __m512i *vmax) {
+    uint32_t su;
+    memcpy(&su, &sc, 4);
+    const int e0 = (int)(su >> 23) + 2;   /* biased exponent of the table's x: x / sc in (2, 8) */
+    uint16_t syn[128];
+    uint8_t t8[128];
+    for (int m = 0; m < 128; m++) syn[m] = (uint16_t)(e0 << 7 | m);
+    __m512i unused = _mm512_setzero_si512();
+    if (dd == NB_BF16 && cpu_has_avx512bf16()) fp8_steps512_bf16(syn, 128, sc, t8, &unused);
+    else fp8_steps512(syn, 128, sc, dd, t8, &unused);
+    const __m512i tlo = _mm512_loadu_si512((const void *)t8), thi = _mm512_loadu_si512((const void *)(t8 + 64));
+    const __m512i k = i16(8 * e0);
+    float lim = 0x1p-6f * sc * 1.0625f;
+    if (lim < 0x1p-60f) lim = 0x1p-60f;
+    uint32_t lu;
+    memcpy(&lu, &lim, 4);
+    const __m512i tiny = i16((int)((lu >> 16) + 1));
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512i v = _mm512_loadu_si512((const void *)(x + i));
+        __m512i mag = _mm512_and_si512(v, i16(0x7FFF));
+        *vmax = _mm512_max_epu16(*vmax, mag);
+        __mmask32 slow = _mm512_test_epi16_mask(mag, mag) & _mm512_cmplt_epu16_mask(mag, tiny);
+        /* T[m] into the low byte of each 16-bit lane (the high bytes' lookups are zeroed) */
+        __m512i t = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, tlo, _mm512_and_si512(v, i16(0x7F)), thi);
+        __m512i e8 = _mm512_srli_epi16(_mm512_and_si512(mag, i16(0x7F80)), 4);   /* 8 * E */
+        __m512i code = _mm512_min_epu16(_mm512_subs_epu16(_mm512_add_epi16(e8, t), k), i16(0x7E));
+        code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(v, 8), i16(0x80), 0xF8);
+        if (slow) fp8_ref32(x + i, 32, sc, dd, q + i);
+        else _mm256_storeu_si256((__m256i *)(q + i), _mm512_cvtepi16_epi8(code));
+    }
+    return i;
+}
+
 /* ---- entry ---------------------------------------------------------------------------------------------- */
 
 /* 2 when the row holds a NaN/Inf (any magnitude pattern >= 0x7F80), else 0. */
@@ -434,8 +489,9 @@ NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t 
     case NB_FMT_FP8_CHANNEL: {
         if (a->div_dtype != NB_BF16 && a->div_dtype != NB_F32) return 1;
         if (!(a->scale >= 0x1p-100f && a->scale <= 0x1p100f)) return 1;
-        int64_t i = a->div_dtype == NB_BF16 && cpu_has_avx512bf16() ? fp8_steps512_bf16(x, n, a->scale, q, &vmax)
-                                                                      : fp8_steps512(x, n, a->scale, a->div_dtype, q, &vmax);
+        int64_t i = n >= 1024 && cpu_has_avx512vbmi() ? fp8_table512(x, n, a->scale, a->div_dtype, q, &vmax)
+                    : a->div_dtype == NB_BF16 && cpu_has_avx512bf16() ? fp8_steps512_bf16(x, n, a->scale, q, &vmax)
+                    : fp8_steps512(x, n, a->scale, a->div_dtype, q, &vmax);
         if (i < n) fp8_ref32(x + i, n - i, a->scale, a->div_dtype, q + i);
         return row_status(vmax, x, i, n);
     }
