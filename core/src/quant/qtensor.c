@@ -147,15 +147,49 @@ static int amax_values_ok(const float *v, int64_t n, float *max) {
     return !bad;
 }
 
-static nb_status check_amax_tensor(nb_ctx *ctx, const nb_tensor *t, int64_t want, const char *attr, const char *what) {
+typedef struct amax_check_job {
+    const float *v;
+    int64_t n, chunk;
+    float max[64];
+    int ok[64];
+} amax_check_job;
+
+static void amax_check_range(void *arg, int64_t b, int64_t e) {
+    amax_check_job *j = arg;
+    for (int64_t c = b; c < e; c++) {
+        int64_t lo = c * j->chunk, hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
+        j->ok[c] = amax_values_ok(j->v + lo, hi - lo, &j->max[c]);
+    }
+}
+
+/* amax_values_ok split over ctx's threads (a static NVFP4 weight has numel/16 block amax values). */
+static int amax_values_ok_mt(nb_ctx *ctx, const float *v, int64_t n, float *max) {
+    if (n < 65536) return amax_values_ok(v, n, max);
+    amax_check_job j;
+    j.v = v;
+    j.n = n;
+    j.chunk = (n + 63) / 64;
+    int64_t nchunks = (n + j.chunk - 1) / j.chunk;
+    nb_parallel_for(ctx, nchunks, 1, amax_check_range, &j);
+    int ok = 1;
+    *max = 0.0f;
+    for (int64_t c = 0; c < nchunks; c++) {
+        ok &= j.ok[c];
+        *max = j.max[c] > *max ? j.max[c] : *max;
+    }
+    return ok;
+}
+
+/* Checks a calibrated amax tensor; *max receives the largest value. */
+static nb_status check_amax_tensor(nb_ctx *ctx, const nb_tensor *t, int64_t want, const char *attr, const char *what,
+                                   float *max) {
     if (t->dtype != NB_F32 || !nb_tensor_is_contiguous(t))
         return nb_fail(ctx, NB_ERR_INVALID, "%s: %s must be a contiguous f32 tensor", what, attr);
     if (nb_tensor_numel(t) != want)
         return nb_fail(ctx, NB_ERR_SHAPE, "%s: %s has %lld values, the tensor needs %lld", what, attr,
                        (long long)nb_tensor_numel(t), (long long)want);
     const float *v = nb_tensor_data(t);
-    float unused;
-    if (amax_values_ok(v, want, &unused)) return NB_OK;
+    if (amax_values_ok_mt(ctx, v, want, max)) return NB_OK;
     for (int64_t i = 0; i < want; i++)
         if (!isfinite(v[i]) || v[i] < 0.0f)
             return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s[%lld] = %g is not a finite amax >= 0", what, attr, (long long)i,
@@ -191,11 +225,13 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
     case NB_FMT_NVFP4_46: {
         float norm = plan->tr->scale_norm, a;
         if (p->block_amax) {
-            if ((s = check_amax_tensor(ctx, p->block_amax, plan->rows * (plan->n / NB_NVFP4_BLOCK), "block_amax", what)))
+            float bmax;
+            if ((s = check_amax_tensor(ctx, p->block_amax, plan->rows * (plan->n / NB_NVFP4_BLOCK), "block_amax", what,
+                                       &bmax)))
                 return s;
             plan->block_amax = nb_tensor_data(p->block_amax);
             a = p->global_amax;
-            if (nbq_from_data(a)) amax_values_ok(plan->block_amax, nb_tensor_numel(p->block_amax), &a);
+            if (nbq_from_data(a)) a = bmax;
             if ((s = check_tensor_amax(ctx, a, "global_amax", what))) return s;
         } else {
             a = p->amax;
@@ -229,7 +265,11 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
             return nb_fail(ctx, NB_ERR_NOMEM, "%s: out of memory (row scales)", what);
         }
         if (p->channel_amax) {
-            if ((s = check_amax_tensor(ctx, p->channel_amax, plan->rows, "amax", what))) { nbq_plan_free(plan); return s; }
+            float unused;
+            if ((s = check_amax_tensor(ctx, p->channel_amax, plan->rows, "amax", what, &unused))) {
+                nbq_plan_free(plan);
+                return s;
+            }
             memcpy(plan->row_amax, nb_tensor_data(p->channel_amax), (size_t)plan->rows * sizeof(float));
         } else {
             nbq_fast_row_absmax_mt(ctx, nb_tensor_data(x), x->dtype, plan->rows, plan->n, plan->row_amax);   /* threaded */
@@ -463,12 +503,6 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; k++) {
         int64_t r = j->reverse ? begin + end - 1 - k : k;
         const uint8_t *xr = j->x + r * xb;
-        /* ask for the next row while this one is quantized, so the reads overlap the arithmetic
-         * (prefetches never fault: past the range end they are harmless) */
-        if (k + 1 < end && xb <= 65536) {
-            const char *nx = (const char *)(j->x + (j->reverse ? r - 1 : r + 1) * xb);
-            for (int64_t off = 0; off < xb; off += 64) __builtin_prefetch(nx + off, 0, 2);
-        }
         int kernel = j->bf16 && !j->row_scale_out;   /* the kernel checks NaN/Inf itself */
         if (kernel) {
             nbq_plan_row(pl, r, &a);
