@@ -489,7 +489,6 @@ typedef struct quant_job {
     float *row_scale_out;   /* FP8_CHANNEL from the data: the qtensor's scale, written per row */
     int check_rows;         /* NaN/Inf scan per row (no amax pass before) */
     int bf16;               /* use nbq_avx512_quantize_bf16 */
-    int reverse;            /* rows last to first: after the amax pass the end of each range is still in cache */
     int failed, nonfinite;
 } quant_job;
 
@@ -500,8 +499,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
     const int64_t qb = data_row_bytes(pl->fmt, n), sb = scale_row_bytes(pl->tr, n);
     float *buf = NULL;
     nb_qrow_args a;
-    for (int64_t k = begin; k < end; k++) {
-        int64_t r = j->reverse ? begin + end - 1 - k : k;
+    for (int64_t r = begin; r < end; r++) {
         const uint8_t *xr = j->x + r * xb;
         int kernel = j->bf16 && !j->row_scale_out;   /* the kernel checks NaN/Inf itself */
         if (kernel) {
@@ -581,7 +579,7 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
     quant_job j = {.plan = &plan, .x = nb_tensor_data(xc), .xdt = xc->dtype, .q = nb_tensor_data(q->data),
                    .s = plan.tr->block_size ? nb_tensor_data(q->scale) : NULL,
                    .row_scale_out = channel ? nb_tensor_data(q->scale) : NULL, .check_rows = !need_amax,
-                   .bf16 = xc->dtype == NB_BF16 && nbq_bf16_kernels_for(p->format), .reverse = need_amax};
+                   .bf16 = xc->dtype == NB_BF16 && nbq_bf16_kernels_for(p->format)};
     nb_parallel_for(ctx, plan.rows, grain_for(plan.n), quant_range, &j);
     if (j.nonfinite) {
         s = nbq_check_finite(ctx, xc, what);
