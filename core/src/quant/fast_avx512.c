@@ -78,10 +78,9 @@ NB_AVX512 static inline __m512 tree16(const __m512i t[8]) {
 NB_AVX512 static inline __m512i e4m3_mag16(__m512i a, __m512i sgn, __mmask32 *slow) {
     __m512i qc = _mm512_min_epu16(a, i16(0x43E0));
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(qc, 4), i16(1));
-    __m512i code = _mm512_srli_epi16(_mm512_add_epi16(qc, _mm512_add_epi16(lsb, i16(7 - 0x3C00))), 4);
-    __mmask32 small = _mm512_cmplt_epu16_mask(qc, i16(0x3C80));
-    *slow |= _mm512_mask_cmpge_epu16_mask(small, qc, i16(0x3A80));
-    code = _mm512_maskz_mov_epi16(~small, code);
+    /* (qc + lsb + 7 - 0x3C00) >> 4, saturating at 0 below 2^-7: those lanes are 0 or marked slow */
+    __m512i code = _mm512_srli_epi16(_mm512_subs_epu16(_mm512_add_epi16(qc, lsb), i16(0x3C00 - 7)), 4);
+    *slow |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(qc, i16(0x3A80)), i16(0x3C80 - 0x3A80));   /* [2^-10, 2^-6) */
     return _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(sgn, 8), i16(0x80), 0xF8);   /* code | (sgn>>8 & 0x80) */
 }
 
