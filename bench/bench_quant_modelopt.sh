@@ -15,9 +15,12 @@ bin="$build/bench/bench_quant"
 w=$(mktemp /tmp/nibble_bench_w_bf16.XXXXXX)
 trap 'rm -f "$w"' EXIT
 
+load0=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 mo=$("$py" "$here/bench_quant_modelopt.py" --threads "$threads" --reps "$reps" --out "$w")
 nb=$("$bin" --threads "$threads" --reps $((reps * 3)) --input "$w" --paths avx512,avx2,reference)
+load1=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 echo "$mo" | grep '^#' || true
+echo "# load average before: $load0, after: $load1 (both sides share the machine: rerun on a quiet one)"
 echo "$nb" | head -2
 echo
 printf '%-14s %14s %14s %10s\n' format "modelopt ms" "nibble ms" speedup

@@ -395,9 +395,10 @@ static void test_bf16_kernels(void) {
         memset(&a, 0, sizeof a);
         a.div_dtype = NB_F32;
         float amax = row_absmax(x, n);
-        int mode = trial % 3;
+        int mode = trial % 4;
         a.global_amax = amax > 0.0f ? amax : 1.0f;
-        a.scale = mode == 0 ? nb_nvfp4_scale2(a.global_amax, 448.0f) : mode == 1 ? ldexpf(1.0f, t) : (float)(unif() * 3.0) + 1e-6f;
+        a.scale = mode == 0 ? nb_nvfp4_scale2(a.global_amax, 448.0f) : mode == 1 ? ldexpf(1.0f, t)
+                : mode == 2 ? (float)(unif() * 3.0) + 1e-6f : (trial & 8) ? 0.0f : u2f(rnd32() & 0x007FFFFFu);   /* NaN/Inf scales */
         compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 dynamic");
         for (int64_t b = 0; b < n / 16; b++) {
             float m = row_absmax(x + b * 16, 16);
@@ -532,6 +533,54 @@ static void test_bf16_kernels(void) {
     free(ss);
     printf("avx512 bf16 rows compared bit for bit: %lld\n", (long long)n_bf16_rows);
     free(x); free(bam); free(h);
+}
+
+/* FP8 per channel on BF16 rows long enough for the table kernel, where each row's kernel also reads
+ * the next row's max: a NaN, an Inf or an all-zero row anywhere (first, middle, last row of a
+ * thread's range) is reported as before, and clean tensors match the reference path. */
+static void test_channel_next_rows(nb_ctx *ctx) {
+    const int64_t shape[2] = {6, 2048};
+    nb_tensor *x = NULL;
+    CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
+    if (!x) return;
+    uint16_t *h = nb_tensor_data(x);
+    for (int where = 0; where < 6; where++) {
+        for (int kind = 0; kind < 3; kind++) {
+            for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&RNG) * (float)(1 + i / 2048));
+            int64_t at = where * 2048 + 1000 + where;
+            nb_qparams p;
+            nb_qparams_init(&p, NB_FMT_FP8_CHANNEL);
+            p.name = "down.weight";
+            nb_qtensor *q = NULL;
+            char msg[96];
+            if (kind == 2) {
+                for (int64_t i = 0; i < 2048; i++) h[where * 2048 + i] = (i & 1) ? 0x8000 : 0;
+                snprintf(msg, sizeof msg, "down.weight: row %d has amax 0", where);
+                CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_INVALID, msg);
+            } else {
+                h[at] = kind ? 0xFF80 : 0x7FC1;
+                snprintf(msg, sizeof msg, "down.weight: %s at flat index %lld", kind ? "-Inf" : "NaN", (long long)at);
+                CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, msg);
+            }
+            CHECK(q == NULL);
+        }
+    }
+    /* clean: avx512 == reference */
+    for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&RNG) * (float)(1 + i / 2048));
+    nb_qparams p;
+    nb_qparams_init(&p, NB_FMT_FP8_CHANNEL);
+    nb_qtensor *qa = NULL, *qr = NULL;
+    CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
+    CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+    if (qa && qr) {
+        CHECK_SAME("fp8_channel", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "next-row kernel");
+        CHECK_SAME("fp8_channel", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "next-row scales");
+    }
+    nb_qtensor_release(qa);
+    nb_qtensor_release(qr);
+    nb_tensor_release(x);
 }
 
 /* The fused driver: NaN/Inf named with tensor and index in the one-pass formats (no amax pass runs
@@ -695,6 +744,7 @@ int main(void) {
     }
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
     test_fused_driver(ctx);
+    test_channel_next_rows(ctx);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
     test_fused_driver(ctx);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));

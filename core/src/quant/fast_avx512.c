@@ -413,7 +413,8 @@ static int cpu_has_avx512vbmi(void) {
  * Codes past 448 clamp to 0x7E (the codes are monotone, so the clamp is a min). Quotients below
  * 2^-6 (E4M3 subnormals) and bf16 subnormals go to the reference through the same tiny test. So a
  * row costs 128 arithmetic quotients plus one byte lookup (VPERMI2B) per element. */
-NB_AVX512VBMI static int64_t fp8_table512(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q, __m512i *vmax) {
+NB_AVX512VBMI static int64_t fp8_table512(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q, __m512i *vmax,
+                                          const uint16_t *nx, __m512i *nmax) {
     uint32_t su;
     memcpy(&su, &sc, 4);
     const int e0 = (int)(su >> 23) + 2;   /* biased exponent of the table's x: x / sc in (2, 8) */
@@ -435,6 +436,7 @@ NB_AVX512VBMI static int64_t fp8_table512(const uint16_t *x, int64_t n, float sc
         __m512i v = _mm512_loadu_si512((const void *)(x + i));
         __m512i mag = _mm512_and_si512(v, i16(0x7FFF));
         *vmax = _mm512_max_epu16(*vmax, mag);
+        if (nx) *nmax = _mm512_max_epu16(*nmax, _mm512_and_si512(_mm512_loadu_si512((const void *)(nx + i)), i16(0x7FFF)));
         __mmask32 slow = _mm512_test_epi16_mask(mag, mag) & _mm512_cmplt_epu16_mask(mag, tiny);
         /* T[m] into the low byte of each 16-bit lane (the high bytes' lookups are zeroed) */
         __m512i t = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, tlo, _mm512_and_si512(v, i16(0x7F)), thi);
@@ -488,7 +490,7 @@ NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t 
     case NB_FMT_FP8_CHANNEL: {
         if (a->div_dtype != NB_BF16 && a->div_dtype != NB_F32) return 1;
         if (!(a->scale >= 0x1p-100f && a->scale <= 0x1p100f)) return 1;
-        int64_t i = n >= 1024 && cpu_has_avx512vbmi() ? fp8_table512(x, n, a->scale, a->div_dtype, q, &vmax)
+        int64_t i = n >= 1024 && cpu_has_avx512vbmi() ? fp8_table512(x, n, a->scale, a->div_dtype, q, &vmax, NULL, NULL)
                     : a->div_dtype == NB_BF16 && cpu_has_avx512bf16() ? fp8_steps512_bf16(x, n, a->scale, q, &vmax)
                     : fp8_steps512(x, n, a->scale, a->div_dtype, q, &vmax);
         if (i < n) fp8_ref32(x + i, n - i, a->scale, a->div_dtype, q + i);
@@ -499,6 +501,35 @@ NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t 
     }
 }
 
+NB_AVX512 static uint32_t max16(__m512i v) {
+    uint16_t t[32];
+    _mm512_storeu_si512((void *)t, v);
+    uint32_t m = 0;
+    for (int k = 0; k < 32; k++) m = t[k] > m ? t[k] : m;
+    return m;
+}
+
+NB_AVX512 int nbq_avx512_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                                           const uint16_t *next, uint32_t *next_max) {
+    if (!next || n < 1024 || !cpu_has_avx512vbmi() || (a->div_dtype != NB_BF16 && a->div_dtype != NB_F32) ||
+        !(a->scale >= 0x1p-100f && a->scale <= 0x1p100f)) {
+        int st = nbq_avx512_quantize_bf16(NB_FMT_FP8_CHANNEL, x, n, a, q, NULL);
+        if (next) {
+            uint32_t m = 0;
+            for (int64_t i = 0; i < n; i++) m = (uint32_t)(next[i] & 0x7FFF) > m ? (uint32_t)(next[i] & 0x7FFF) : m;
+            *next_max = m;
+        }
+        return st;
+    }
+    __m512i vmax = _mm512_setzero_si512(), nmax = _mm512_setzero_si512();
+    int64_t i = fp8_table512(x, n, a->scale, a->div_dtype, q, &vmax, next, &nmax);
+    uint32_t m = max16(nmax);
+    for (int64_t k = i; k < n; k++) m = (uint32_t)(next[k] & 0x7FFF) > m ? (uint32_t)(next[k] & 0x7FFF) : m;
+    *next_max = m;
+    if (i < n) fp8_ref32(x + i, n - i, a->scale, a->div_dtype, q + i);
+    return row_status(vmax, x, i, n);
+}
+
 #else /* not x86-64 with GNU C */
 
 int nbq_cpu_has_avx512(void) { return 0; }
@@ -506,6 +537,12 @@ int nbq_cpu_has_avx512(void) { return 0; }
 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                              uint8_t *s) {
     (void)f; (void)x; (void)n; (void)a; (void)q; (void)s;
+    return 1;
+}
+
+int nbq_avx512_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                                 const uint16_t *next, uint32_t *next_max) {
+    (void)x; (void)n; (void)a; (void)q; (void)next; (void)next_max;
     return 1;
 }
 

@@ -62,6 +62,13 @@ int nbq_cpu_has_avx512(void);
  * an f16 division or a scale outside [2^-100, 2^100]): then run the f32 row. */
 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                              uint8_t *s);
+/* FP8 per row (NB_FMT_FP8_CHANNEL's kernel) that also collects the next row's largest magnitude
+ * pattern (x & 0x7FFF; 0x7F80 or more means NaN/Inf) into *next_max while this row is quantized, so
+ * the per-channel driver's reads of row r+1 overlap row r's arithmetic instead of following it.
+ * next may be NULL (last row). Returns as nbq_avx512_quantize_bf16; *next_max is set whenever next
+ * is given, whatever the return. */
+int nbq_avx512_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                                 const uint16_t *next, uint32_t *next_max);
 /* Whether nb_quantize may use nbq_avx512_quantize_bf16 for format f: the "avx512" path is installed
  * and f still has its AVX2 rows (nb_qformat_set_rows has not replaced them). */
 int nbq_bf16_kernels_for(nb_qformat f);

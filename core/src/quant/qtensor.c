@@ -499,6 +499,40 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
     const int64_t qb = data_row_bytes(pl->fmt, n), sb = scale_row_bytes(pl->tr, n);
     float *buf = NULL;
     nb_qrow_args a;
+    if (j->bf16 && j->row_scale_out) {
+        /* FP8 per channel on BF16: each row's kernel also takes the next row's max |x|, so the next
+         * scale is ready and its reads overlapped this row's arithmetic */
+        const uint16_t *x16 = (const uint16_t *)j->x;
+        uint32_t mb = 0;
+        for (int64_t i = 0; i < n; i++) mb = (uint32_t)(x16[begin * n + i] & 0x7FFF) > mb ? (uint32_t)(x16[begin * n + i] & 0x7FFF) : mb;
+        for (int64_t r = begin; r < end; r++) {
+            const uint16_t *xr = x16 + r * n, *next = r + 1 < end ? xr + n : NULL;
+            uint32_t nb = 0;
+            int nonfinite = mb >= 0x7F80u;
+            float m = nb_bf16_to_f32((uint16_t)mb);
+            if (!nonfinite) pl->row_amax[r] = m;
+            if (nonfinite || m == 0.0f) {   /* reported after the pass */
+                if (nonfinite) __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
+                for (int64_t i = 0; next && i < n; i++) nb = (uint32_t)(next[i] & 0x7FFF) > nb ? (uint32_t)(next[i] & 0x7FFF) : nb;
+                mb = nb;
+                continue;
+            }
+            pl->row_scale[r] = j->row_scale_out[r] = m / 448.0f;
+            nbq_plan_row(pl, r, &a);
+            uint8_t *qr = j->q + r * qb;
+            int st = nbq_avx512_fp8_row_next_bf16(xr, n, &a, qr, next, &nb);
+            mb = nb;
+            if (st != 1) continue;
+            if (!buf && !(buf = malloc((size_t)n * sizeof(float)))) {
+                __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+                return;
+            }
+            nbq_fast_load_f32(xr, NB_BF16, n, buf);
+            pl->tr->quantize_row(buf, n, &a, qr, NULL);
+        }
+        free(buf);
+        return;
+    }
     for (int64_t r = begin; r < end; r++) {
         const uint8_t *xr = j->x + r * xb;
         int kernel = j->bf16 && !j->row_scale_out;   /* the kernel checks NaN/Inf itself */
