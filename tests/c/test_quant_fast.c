@@ -380,6 +380,23 @@ static void compare_bf16(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, 
     free(q0); free(q1); free(s0); free(s1);
 }
 
+/* The NVFP4 threshold-table kernel against the reference (table built for a->scale). */
+static nbq_nv_table NVTAB;
+static void compare_nv_table(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, const uint16_t *h, int64_t n,
+                             const nb_qrow_args *a, const char *mode) {
+    int64_t qb = n / 2, sbn = n / 16;
+    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
+    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
+    nbq_nv_table_build(a->scale, &NVTAB);
+    ref(x, n, a, q0, s0);
+    if (nbq_avx512_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1) == 0) {
+        CHECK_SAME("nvfp4 table", q0, q1, qb, "table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
+        CHECK_SAME("nvfp4 table", s0, s1, sbn, "table kernel scales, %s n=%lld", mode, (long long)n);
+        n_bf16_rows++;
+    }
+    free(q0); free(q1); free(s0); free(s1);
+}
+
 static void test_bf16_kernels(void) {
     static const int64_t lens[] = {32, 96, 256, 288, 512, 544, 1024, 4096, 4128, 8192};
     float *x = malloc(8192 * 4), *bam = malloc(8192 / 16 * 4);
@@ -400,6 +417,7 @@ static void test_bf16_kernels(void) {
         a.scale = mode == 0 ? nb_nvfp4_scale2(a.global_amax, 448.0f) : mode == 1 ? ldexpf(1.0f, t)
                 : mode == 2 ? (float)(unif() * 3.0) + 1e-6f : (trial & 8) ? 0.0f : u2f(rnd32() & 0x007FFFFFu);   /* NaN/Inf scales */
         compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 dynamic");
+        compare_nv_table(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 dynamic");
         for (int64_t b = 0; b < n / 16; b++) {
             float m = row_absmax(x + b * 16, 16);
             int r = (int)(rnd32() % 4);
@@ -410,8 +428,10 @@ static void test_bf16_kernels(void) {
         if (a.global_amax == 0.0f) a.global_amax = 1.0f;
         a.scale = nb_nvfp4_scale2(a.global_amax, 448.0f);
         compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 static");
+        compare_nv_table(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 static");
         a.scale = nb_nvfp4_scale2(a.global_amax, 256.0f);
         compare_bf16(NB_FMT_NVFP4_46, nb_nvfp4_46_quantize_row_ref, x, h, n, &a, "nvfp4_46 static");
+        compare_nv_table(NB_FMT_NVFP4_46, nb_nvfp4_46_quantize_row_ref, x, h, n, &a, "nvfp4_46 static");
         /* MXFP8, both exponent rules */
         bf16_row(x, h, n, 32, kind, t);
         memset(&a, 0, sizeof a);
@@ -454,6 +474,7 @@ static void test_bf16_kernels(void) {
         a.global_amax = amax;
         a.scale = nb_nvfp4_scale2(amax, 448.0f);
         compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, 4096, &a, "nvfp4, all patterns");
+        compare_nv_table(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, 4096, &a, "nvfp4, all patterns");
     }
     /* arguments the kernels leave to the f32 rows */
     memset(&a, 0, sizeof a);
@@ -491,6 +512,10 @@ static void test_bf16_kernels(void) {
             CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4, xh, len, &a, q1, s1), 0);
             CHECK_SAME("nvfp4", q0, q1, len / 2, "one divisor, every magnitude: amax %a s2 %a", (double)am, (double)a.scale);
             CHECK_SAME("nvfp4", s0, s1, nb, "one divisor, every magnitude (scales)");
+            nbq_nv_table_build(a.scale, &NVTAB);
+            memset(q1, 0, (size_t)len / 2);
+            CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4, xh, len, &a, &NVTAB, q1, s1), 0);
+            CHECK_SAME("nvfp4 table", q0, q1, len / 2, "one divisor, every magnitude: amax %a s2 %a", (double)am, (double)a.scale);
         }
         free(xf); free(xh); free(q0); free(q1); free(s0); free(s1);
     }
@@ -581,6 +606,56 @@ static void test_channel_next_rows(nb_ctx *ctx) {
     nb_qtensor_release(qa);
     nb_qtensor_release(qr);
     nb_tensor_release(x);
+}
+
+/* NVFP4 on a BF16 tensor large enough (4M elements) for the driver's threshold table: dynamic,
+ * static and four_over_six static, against the reference path; a NaN in it is still named. */
+static void test_nvfp4_table_driver(nb_ctx *ctx) {
+    const int64_t shape[2] = {1024, 4096}, bshape[2] = {1024, 256};
+    nb_tensor *x = NULL, *bam = NULL;
+    CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
+    CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, bshape, &bam));
+    if (!x || !bam) return;
+    uint16_t *h = nb_tensor_data(x);
+    float *bd = nb_tensor_data(bam);
+    for (int64_t r = 0; r < 1024; r++) {
+        float row[4096];
+        gen_row(row, 4096, 16, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
+        for (int64_t i = 0; i < 4096; i++) {
+            float v = isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f;
+            h[r * 4096 + i] = nb_f32_to_bf16(v);
+        }
+    }
+    for (int64_t b = 0; b < 1024 * 256; b++) {
+        float m = 0.0f;
+        for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(nb_bf16_to_f32(h[b * 16 + i])));
+        bd[b] = b % 3 ? m : m * 1.5f;
+    }
+    for (int k = 0; k < 3; k++) {
+        nb_qparams p;
+        nb_qparams_init(&p, k == 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
+        if (k) p.block_amax = bam;
+        nb_qtensor *qa = NULL, *qr = NULL;
+        CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
+        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
+        CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
+        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+        if (qa && qr) {
+            CHECK_SAME("nvfp4 table driver", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "case %d", k);
+            CHECK_SAME("nvfp4 table driver", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "case %d", k);
+        }
+        nb_qtensor_release(qa);
+        nb_qtensor_release(qr);
+    }
+    h[777 * 4096 + 3] = 0x7FC0;
+    nb_qparams p;
+    nb_qparams_init(&p, NB_FMT_NVFP4);
+    p.block_amax = bam;
+    p.name = "big.weight";
+    nb_qtensor *q = NULL;
+    CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, "big.weight: NaN at flat index 3182595 (element [777, 3])");
+    nb_tensor_release(x);
+    nb_tensor_release(bam);
 }
 
 /* The fused driver: NaN/Inf named with tensor and index in the one-pass formats (no amax pass runs
@@ -745,6 +820,7 @@ int main(void) {
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
     test_fused_driver(ctx);
     test_channel_next_rows(ctx);
+    if (nbq_cpu_has_avx512()) test_nvfp4_table_driver(ctx);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
     test_fused_driver(ctx);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));

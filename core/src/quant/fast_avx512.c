@@ -15,6 +15,40 @@
 
 #include "fast_internal.h"
 
+/* ---- NVFP4 threshold table (portable C: the reference's own arithmetic) ----------------------- */
+
+static int nv_pred(uint16_t mag, float p, float b, int up) {
+    uint32_t u = (uint32_t)mag << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    float v = x / p;
+    return up ? v >= b : v > b;
+}
+
+void nbq_nv_table_build_range(float s2, nbq_nv_table *t, int sb_begin, int sb_end) {
+    static const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    static const int up[7] = {0, 1, 0, 1, 0, 1, 0};
+    for (int sb = sb_begin; sb < sb_end; sb++) {
+        t->ok[sb] = 0;
+        if (sb == 0 || sb >= 0x7F) continue;
+        float f = nb_e4m3_to_f32((uint8_t)sb);
+        float p = f * s2;   /* nvfp4.c's block_divisor */
+        if (!(p > 0.0f && p <= 0x1p16f)) continue;
+        t->ok[sb] = 1;
+        for (int j = 0; j < 7; j++) {
+            uint32_t lo = 0, hi = 0x7F80;   /* smallest finite magnitude passing, 0x7F80 = none */
+            while (lo < hi) {
+                uint32_t mid = (lo + hi) / 2;
+                if (nv_pred((uint16_t)mid, p, bounds[j], up[j])) hi = mid;
+                else lo = mid + 1;
+            }
+            for (int k = 0; k < 16; k++) t->thr[sb][j][k] = (int16_t)((int32_t)lo - 1);
+        }
+    }
+}
+
+void nbq_nv_table_build(float s2, nbq_nv_table *t) { nbq_nv_table_build_range(s2, t, 0, 128); }
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
@@ -182,8 +216,31 @@ static void nv_pair_ref(const uint16_t *x, float p0, float p1, uint8_t *q) {
 
 /* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. norm 448 (NVFP4) or 256
  * (four_over_six, static only). *vmax collects the magnitudes seen (for the NaN/Inf check). */
+/* One block by thresholds (nbq_nv_table): 16 magnitudes against 7 replicated thresholds with
+ * VEX compares (three ports, unlike AVX-512's mask compares), the count is the code, the sign comes
+ * from x (8 where x < 0 and |x| > 0: a nonzero quotient is never -0 for p <= 2^16). */
+NB_AVX512 static inline void nv_block_tab(const uint16_t *xb, const int16_t *tp, uint8_t *qb) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)xb);
+    const __m256i mag = _mm256_and_si256(xv, _mm256_set1_epi16(0x7FFF));
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 7; j++)
+        acc = _mm256_sub_epi16(acc, _mm256_cmpgt_epi16(mag, _mm256_load_si256((const __m256i *)(tp + 16 * j))));
+    __m256i neg8 = _mm256_and_si256(_mm256_srli_epi16(xv, 12), _mm256_set1_epi16(8));
+    acc = _mm256_ternarylogic_epi32(acc, neg8, _mm256_cmpgt_epi16(mag, _mm256_setzero_si256()), 0xF8);
+    __m256i pairs = _mm256_or_si256(acc, _mm256_srli_epi32(acc, 12));   /* even | odd << 4 in each dword */
+    _mm_storel_epi64((__m128i *)qb, _mm256_cvtepi32_epi8(pairs));
+}
+
+/* One block with divisor p, the reference's arithmetic. */
+static void nv_block_ref(const uint16_t *x, float p, uint8_t *q) {
+    for (int j = 0; j < 8; j++) {
+        float v0 = bf2f(x[2 * j]) / p, v1 = bf2f(x[2 * j + 1]) / p;
+        q[j] = (uint8_t)(nb_f32_to_e2m1(v0) | (nb_f32_to_e2m1(v1) << 4));
+    }
+}
+
 NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, float norm, uint8_t *q,
-                                      uint8_t *s, __m512i *vmax) {
+                                      uint8_t *s, __m512i *vmax, const nbq_nv_table *tab) {
     const int64_t nb = (n / NB_NVFP4_BLOCK) & ~(int64_t)15;
     const __m512 s2 = _mm512_set1_ps(a->scale);
     const __m512 d6 = _mm512_set1_ps(6.0f * a->scale);
@@ -209,6 +266,15 @@ NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qro
         }
         __m512 p = _mm512_mul_ps(e4m3_dec16(sb), s2);
         _mm_storeu_si128((__m128i *)(s + g), _mm512_cvtepi32_epi8(sb));
+        if (tab) {
+            _mm512_storeu_ps(pa, p);
+            for (int b = 0; b < 16; b++) {
+                uint8_t sbb = s[g + b];
+                if (tab->ok[sbb & 0x7F] && !(sbb & 0x80)) nv_block_tab(xg + 16 * b, tab->thr[sbb][0], q + (g + b) * 8);
+                else nv_block_ref(xg + 16 * b, pa[b], q + (g + b) * 8);
+            }
+            continue;
+        }
         __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), p);
         /* div_markstein's conditions: p in [2^-90, 256] (then a nonzero bf16 quotient is far from 0 too),
          * and no quotient near overflow (a clamped block scale can leave max|x| / p huge) */
@@ -458,25 +524,31 @@ NB_AVX512 static int row_status(__m512i vmax, const uint16_t *x, int64_t from, i
     return bad ? 2 : 0;
 }
 
+NB_AVX512 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
+                                          const nbq_nv_table *tab, uint8_t *q, uint8_t *s) {
+    if (f == NB_FMT_NVFP4_46 && !a->block_amax) return 1;   /* the per-block pick: the f32 row */
+    float tail[512];
+    __m512i vmax = _mm512_setzero_si512();
+    int64_t g = nv_groups512(x, n, a, f == NB_FMT_NVFP4 ? 448.0f : 256.0f, q, s, &vmax, tab);
+    int64_t rest = n - g * NB_NVFP4_BLOCK;
+    if (rest > 0) {
+        nb_qrow_args t = *a;
+        if (t.block_amax) t.block_amax += g;
+        for (int64_t k = 0; k < rest; k++) tail[k] = bf2f(x[g * NB_NVFP4_BLOCK + k]);
+        if (f == NB_FMT_NVFP4) nb_nvfp4_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
+        else nb_nvfp4_46_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
+    }
+    return row_status(vmax, x, g * NB_NVFP4_BLOCK, n);
+}
+
 NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                                        uint8_t *s) {
     float tail[512];
     __m512i vmax = _mm512_setzero_si512();
     switch (f) {
     case NB_FMT_NVFP4:
-    case NB_FMT_NVFP4_46: {
-        if (f == NB_FMT_NVFP4_46 && !a->block_amax) return 1;   /* the per-block pick: the f32 row */
-        int64_t g = nv_groups512(x, n, a, f == NB_FMT_NVFP4 ? 448.0f : 256.0f, q, s, &vmax);
-        int64_t rest = n - g * NB_NVFP4_BLOCK;
-        if (rest > 0) {
-            nb_qrow_args t = *a;
-            if (t.block_amax) t.block_amax += g;
-            for (int64_t k = 0; k < rest; k++) tail[k] = bf2f(x[g * NB_NVFP4_BLOCK + k]);
-            if (f == NB_FMT_NVFP4) nb_nvfp4_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
-            else nb_nvfp4_46_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
-        }
-        return row_status(vmax, x, g * NB_NVFP4_BLOCK, n);
-    }
+    case NB_FMT_NVFP4_46:
+        return nbq_avx512_nvfp4_table_bf16(f, x, n, a, NULL, q, s);
     case NB_FMT_MXFP8: {
         int64_t g = mx_groups512(x, n, a, q, s, &vmax);
         int64_t rest = n - g * NB_MXFP8_BLOCK;
@@ -543,6 +615,12 @@ int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const n
 int nbq_avx512_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                                  const uint16_t *next, uint32_t *next_max) {
     (void)x; (void)n; (void)a; (void)q; (void)next; (void)next_max;
+    return 1;
+}
+
+int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
+                                const nbq_nv_table *tab, uint8_t *q, uint8_t *s) {
+    (void)f; (void)x; (void)n; (void)a; (void)tab; (void)q; (void)s;
     return 1;
 }
 

@@ -69,6 +69,23 @@ int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const n
  * is given, whatever the return. */
 int nbq_avx512_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                                  const uint16_t *next, uint32_t *next_max);
+/* NVFP4 by thresholds: with weight_scale_2 fixed per tensor, a block's divisor p = f32(e4m3(sb) * s2)
+ * takes one of 126 values, and an element's E2M1 code is the number of boundaries its bf16 magnitude
+ * reaches: code = #{j : |x| >= T_j(sb)}, T_j(sb) the smallest bf16 magnitude whose quotient
+ * f32(|x| / p) passes boundary j (0.25, 1.25, 2.5, 5 when above; 0.75, 1.75, 3.5 when at or above).
+ * The table holds T_j - 1 replicated over 16 lanes (for a greater-than compare) per scale byte;
+ * ok[sb] = 0 where p is not finite and positive or above 2^16 (those blocks take the reference). */
+typedef struct nbq_nv_table {
+    int16_t thr[128][7][16];
+    uint8_t ok[128];
+} nbq_nv_table;
+/* Fill t for weight_scale_2 s2 by binary search with the reference's own division (126 x 7 searches,
+ * ~70 us; the range form fills scale bytes [sb_begin, sb_end) so a driver can split it over threads). */
+void nbq_nv_table_build(float s2, nbq_nv_table *t);
+void nbq_nv_table_build_range(float s2, nbq_nv_table *t, int sb_begin, int sb_end);
+/* nbq_avx512_quantize_bf16 for NVFP4 / static NVFP4_46 rows with a table built for a->scale. */
+int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
+                                const nbq_nv_table *tab, uint8_t *q, uint8_t *s);
 /* Whether nb_quantize may use nbq_avx512_quantize_bf16 for format f: the "avx512" path is installed
  * and f still has its AVX2 rows (nb_qformat_set_rows has not replaced them). */
 int nbq_bf16_kernels_for(nb_qformat f);
