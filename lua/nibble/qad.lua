@@ -584,7 +584,15 @@ local loader_defaults = { seq_len = 512, batch = 8 }
 
 -- loader(distill, tokenizer [, seed]): the training rows: distill.data (a file or a list; text, JSONL
 -- or JSON; "<|endoftext|>" separates documents when the text has it), rows of seq_len from a seeded
--- random offset, shuffled every epoch, batch rows per micro-batch (short last batches dropped).
+-- random offset, shuffled every epoch, batch rows per micro-batch (short last batches dropped);
+-- pack = false: one document per row from its start (BOS first), cut at seq_len, the rest padded and masked.
+-- Plain-text documents are marked as the tokenizer marks them, as HF's tokenizer(text) per document does
+-- before packing: BOS when its config has add_bos_token, EOS when add_eos_token; a tokenizer that adds
+-- neither (GPT-2, Qwen style) gets EOS between documents, the <|endoftext|> such models are pretrained
+-- with. An EOS a model never saw in pretraining is out of distribution, and the student then learns the
+-- teacher's confusion after it: stories260K (llama2.c, BOS-only streams) distilled on rows with an EOS
+-- after every story stalls at KLD 0.029, 0.024 without (bench/README.md). distill.eos = true/false
+-- overrides; JSON records keep data.h's rule (the answer's EOS is a target).
 function Q.loader(d, tok, seed)
   local data = nibble.data
   if not d.data then
@@ -592,19 +600,25 @@ function Q.loader(d, tok, seed)
   end
   local opts = { tokenizer = tok, text_field = d.text_field }
   local first = type(d.data) == "table" and d.data[1] or d.data
+  local plain = not tostring(first):match("%.jsonl?$") and not tostring(first):match("%.ndjson$")
   if d.separator then
     opts.separator = d.separator
-  elseif not tostring(first):match("%.jsonl?$") and not tostring(first):match("%.ndjson$") then
+  elseif plain then
     local f = io.open(first, "rb")
     local head = f and f:read(65536)
     if f then f:close() end
     if head and head:find("<|endoftext|>", 1, true) then opts.separator = "<|endoftext|>" end
   end
+  if d.eos ~= nil then
+    opts.eos = d.eos
+  elseif plain and type(tok) == "table" and tok.add_bos ~= nil then
+    opts.eos = tok.add_eos or not tok.add_bos
+  end
   local ds = data.load(d.data, opts)
   return data.loader(ds, { seq_len = tonumber(d.seq_len) or loader_defaults.seq_len,
                            batch = tonumber(d.batch) or loader_defaults.batch,
-                           seed = tonumber(d.seed or seed or 0), random_offset = true, shuffle = true,
-                           drop_last = true })
+                           seed = tonumber(d.seed or seed or 0), random_offset = d.pack ~= false, shuffle = true,
+                           pack = d.pack ~= false, drop_last = true })
 end
 
 -- train(run, o): the training loop of a run until its last step: o.record(t) gets every metrics table

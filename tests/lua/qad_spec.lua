@@ -282,6 +282,56 @@ describe("teacher samples", function()
   end)
 end)
 
+describe("qad.loader", function()
+  it("marks plain-text documents as the tokenizer does; pack = false gives one document per row", function()
+    if not need(stories) then return end
+    local tok = nibble.model.load(stories):tokenizer()
+    assert.is_true(tok.add_bos)
+    assert.is_false(tok.add_eos)
+    local docs = { "Once upon a time there was a cat.", "Tom had a red ball. He liked it.", "The sun was hot." }
+    local file = tmp .. "/docs.txt"
+    local f = io.open(file, "wb")
+    f:write(table.concat(docs, "<|endoftext|>"))
+    f:close()
+    local function stream(ld)
+      local ds = ld.dataset
+      local p = C.nb_dataset_ids(rawget(ds, "_p"))
+      local ids = {}
+      for i = 0, ds:n_tokens() - 1 do ids[#ids + 1] = p[i] end
+      return ids
+    end
+    local want = {}
+    for _, d in ipairs(docs) do
+      for _, id in ipairs(tok:encode(d)) do want[#want + 1] = id end   -- encode adds BOS (add_bos_token)
+    end
+    assert.are.equal(tok.bos, want[1])
+    -- stories260K's tokenizer adds BOS and no EOS (llama2.c trained on BOS-only streams): no EOS either
+    assert.are.same(want, stream(qad.loader({ data = file, seq_len = 4, batch = 1 }, tok, 1)))
+    -- eos = true: the data.h rule, EOS after every document
+    local with = stream(qad.loader({ data = file, seq_len = 4, batch = 1, eos = true }, tok, 1))
+    assert.are.equal(#want + 3, #with)
+    local n_eos = 0
+    for _, id in ipairs(with) do if id == tok.eos then n_eos = n_eos + 1 end end
+    assert.are.equal(3, n_eos)
+    -- pack = false: row i is a document from its BOS, padding masked out
+    local ld = qad.loader({ data = file, seq_len = 16, batch = 3, pack = false }, tok, 1)
+    assert.are.equal(3, ld.rows_per_epoch)
+    local b = ld:next()
+    local firsts, counted = {}, 0
+    for r = 1, 3 do
+      assert.are.equal(tok.bos, b.tokens:get(r, 1))
+      firsts[#firsts + 1] = b.tokens:get(r, 2)
+      for t = 1, 16 do counted = counted + b.mask:get(r, t) end
+    end
+    table.sort(firsts)
+    local starts = {}
+    for _, d in ipairs(docs) do starts[#starts + 1] = tok:encode(d)[2] end
+    table.sort(starts)
+    assert.are.same(starts, firsts)
+    assert.are.equal(#want - 3, counted)   -- every token of each document but its BOS is a target
+  end)
+end)
+
 describe("recipes/qad.lua", function()
   local function load(args)
     return recipe.load(src .. "/recipes/qad.lua", args)
