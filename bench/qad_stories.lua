@@ -2,9 +2,14 @@
 -- recipes/qad.lua uses: NVFP4 W4A16 with max calibration, QAD on the TinyStories train head, eval with
 -- llama.cpp's method (ctx 512, 100 chunks) on the validation text, against the teacher. Rows: teacher, PTQ,
 -- QAD (the trained scales, as exported), QAD with the per-tensor amax recomputed from the final weights at
--- export, the export read back, and llama.cpp's own NVFP4 and Q4_0 GGUFs of the same model.
+-- export, the export read back, and llama.cpp's own NVFP4 and Q4_0 GGUFs of the same model. The stories are
+-- tokenized as the tokenizer marks documents (BOS, no EOS: stories260K never saw EOS); bench/README.md has
+-- the table of every setting tried and why (EOS after every story: KLD 0.029 instead of 0.024).
 --   nibble run bench/qad_stories.lua [steps=200] [batch=8] [seq_len=512] [lr=1e-4] [min_lr=0] [warmup=10]
---       [chunks=100] [out=/tmp/qad-stories] [metrics=FILE.jsonl] [freeze=GLOB,GLOB]
+--       [chunks=100] [out=/tmp/qad-stories] [metrics=FILE.jsonl] [freeze=GLOB,GLOB] [seed=1]
+--       [clip=1] [beta1=0.9] [beta2=0.999] [eps=1e-8] [weight_decay=0] [temperature=1] [quick=1: QAD row only]
+--       [pack=0: one story per row] [eos=0|1: EOS after every story (default: as the tokenizer, none)]
+--       [dump=DIR: write the training rows and validation ids for bench/qad_stories_torch.py, then stop]
 local nibble = nibble or require("nibble")
 local qad, ptq = nibble.qad, nibble.ptq
 local S = os.getenv("NIBBLE_SHARED_DATA") or "../shared/data"
@@ -29,17 +34,46 @@ local function row(name, model)
   io.stderr:write(("%-24s PPL %.4f  KLD %s  top-1 %s\n"):format(name, e.ppl, e.kld and ("%.5f"):format(e.kld) or "-",
     e.top1 and ("%.2f%%"):format(e.top1) or "-"))
 end
-row("teacher (F32)", teacher)
+if not arg.quick and not arg.dump then row("teacher (F32)", teacher) end
 
+local eos   -- default: as the tokenizer marks documents (BOS only for stories260K); eos=1 puts EOS after each story
+if arg.eos then eos = arg.eos ~= "0" end
 local loader = qad.loader({ data = S .. "/text/tinystories_train_head_2MiB.txt", seq_len = n("seq_len", 512),
-                            batch = n("batch", 8) }, tok, 1)
-local run = qad.new { teacher = teacher, student = qm, loader = loader,
-                      config = { steps = steps, lr = lr, min_lr = n("min_lr", 0), warmup = n("warmup", 10) } }
-row("PTQ (NVFP4 W4A16 max)", student)
+                            batch = n("batch", 8), pack = arg.pack ~= "0", eos = eos }, tok, n("seed", 1))
+if arg.dump then   -- the exact rows QAD would read: [steps * batch, seq_len + 1] int32 LE, and the eval ids
+  local ffi = require("ffi")
+  os.execute("mkdir -p '" .. arg.dump:gsub("'", "'\\''") .. "'")
+  local f = assert(io.open(arg.dump .. "/train_rows.i32", "wb"))
+  local S1 = loader.seq_len
+  local rowbuf = ffi.new("int32_t[?]", S1 + 1)
+  for _ = 1, steps do
+    local b = loader:next()
+    local tp, gp = b.tokens:data("int32_t *"), b.targets:data("int32_t *")
+    for r = 0, b.rows - 1 do
+      ffi.copy(rowbuf, tp + r * S1, 4 * S1)
+      rowbuf[S1] = gp[r * S1 + S1 - 1]
+      f:write(ffi.string(rowbuf, 4 * (S1 + 1)))
+    end
+  end
+  f:close()
+  f = assert(io.open(arg.dump .. "/valid.i32", "wb"))
+  f:write(ffi.string(ev.ids, 4 * tonumber(ev.n)))
+  f:close()
+  print(("wrote %s/train_rows.i32 (%d rows of %d) and valid.i32 (%d ids)"):format(arg.dump, steps * loader.batch,
+    S1 + 1, tonumber(ev.n)))
+  return
+end
+local config = { steps = steps, lr = lr, min_lr = n("min_lr", 0), warmup = n("warmup", 10) }
+for _, k in ipairs { "clip", "beta1", "beta2", "eps", "weight_decay", "temperature", "grad_accum" } do
+  config[k] = arg[k] and tonumber(arg[k]) or nil
+end
+local run = qad.new { teacher = teacher, student = qm, loader = loader, config = config }
+if not arg.quick then row("PTQ (NVFP4 W4A16 max)", student) end
 local mf = arg.metrics and io.open(arg.metrics, "wb")
 local tr = qad.train(run, { record = function(t) if mf then mf:write(qad.json_line(t), "\n") end end })
 if mf then mf:close() end
 row("QAD (trained scales)", student)
+if arg.quick then print(qad.table_text(rows)); return end
 qm:export(out)
 local rb = nibble.model.load(out)
 row("QAD export read back", rb)

@@ -591,8 +591,8 @@ local loader_defaults = { seq_len = 512, batch = 8 }
 -- neither (GPT-2, Qwen style) gets EOS between documents, the <|endoftext|> such models are pretrained
 -- with. An EOS a model never saw in pretraining is out of distribution, and the student then learns the
 -- teacher's confusion after it: stories260K (llama2.c, BOS-only streams) distilled on rows with an EOS
--- after every story stalls at KLD 0.029, 0.024 without (bench/README.md). distill.eos = true/false
--- overrides; JSON records keep data.h's rule (the answer's EOS is a target).
+-- after every story stalls at KLD 0.029, 0.024 without (bench/README.md). d.eos = true/false overrides
+-- (Lua API; recipes do not have the key); JSON records keep data.h's rule (the answer's EOS is a target).
 function Q.loader(d, tok, seed)
   local data = nibble.data
   if not d.data then
