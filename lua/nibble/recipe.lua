@@ -51,7 +51,10 @@ M.sub_schema = {
               steps = true, lr = true, min_lr = true, warmup = true, batch = true, seq_len = true,
               grad_accum = true, clip = true, weight_decay = true, sft_mask = true, data = true,
               eval_data = true, eval_every = true, checkpoint_every = true, checkpoint_dir = true,
-              resume = true, recalibrate = true, metrics = true, seed = true },
+              resume = true, recalibrate = true, metrics = true, seed = true,
+              -- AdamW's, the loss's finer knobs and the training data's reading (nibble.qad.config / loader)
+              beta1 = true, beta2 = true, eps = true, top_k = true, topk_norm = true, ignore_index = true,
+              text_field = true, separator = true, pack = true, eos = true },
   export = { dir = true, layout = true, max_shard_size = true },
   eval = { data = true, ctx = true, chunks = true },
 }

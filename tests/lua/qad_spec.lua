@@ -95,6 +95,21 @@ describe("qad.config", function()
     assert.are.equal(64, t.loss.top_k)
   end)
 
+  it("takes every distill key a recipe may hold (the recipe schema and qad agree)", function()
+    local r = nibble.recipe { distill = { beta1 = 0.8, beta2 = 0.95, eps = 1e-6, pack = false, eos = false,
+                                          separator = "<|endoftext|>", text_field = "body", ignore_index = -1,
+                                          topk_norm = "renorm" } }
+    nibble.recipe.validate(r)
+    local c = qad.config(r.distill)
+    assert.are.equal(0.8, c.beta1)
+    assert.are.equal(0.95, c.beta2)
+    assert.are.equal(1e-6, c.eps)
+    for k in pairs(nibble.recipe.sub_schema.distill) do
+      local ok, e = pcall(qad.config, { [k] = "?" })
+      assert.is_nil((not ok) and tostring(e):match("unknown key") or nil, k)
+    end
+  end)
+
   it("names bad values", function()
     assert.matches("unknown loss 'klx'", err_of(qad.config, { loss = "klx" }))
     assert.matches("steps must be >= 1", err_of(qad.config, { steps = 0 }))
