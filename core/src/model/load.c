@@ -653,54 +653,51 @@ static nb_status hf_read_config(nb_ctx *ctx, const char *dir, nb_model_config *c
     return nb_model_validate_config(ctx, cfg);
 }
 
-nb_status nb_model_read_config(nb_ctx *ctx, const char *path, nb_model_config *cfg) {
-    nb_model_config_init(cfg);
+/* What a model path names: a Hugging Face directory (also given as one of its .safetensors files:
+ * *dir is then that file's directory) or a GGUF file (recognised by its magic). */
+typedef enum { SRC_HF, SRC_GGUF } model_src;
+
+static nb_status model_source(nb_ctx *ctx, const char *path, char dir[4096], model_src *kind) {
     struct stat sb;
     if (stat(path, &sb) != 0) return nb_fail(ctx, NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode)) return hf_read_config(ctx, path, cfg);
+    snprintf(dir, 4096, "%s", path);
+    *kind = SRC_HF;
+    if (S_ISDIR(sb.st_mode)) return NB_OK;
     FILE *f = fopen(path, "rb");
     char magic[4] = {0};
     size_t n = f ? fread(magic, 1, 4, f) : 0;
     if (f) fclose(f);
-    if (n == 4 && !memcmp(magic, "GGUF", 4)) {
-        nb_gguf *g = NULL;
-        nb_status s = nb_gguf_open(ctx, path, &g);
-        if (s) return s;
-        char arch[64] = "";
-        int64_t rf = -1;
-        s = gguf_config(ctx, g, path, cfg, arch, &rf);
-        nb_gguf_close(g);
-        return s ? s : nb_model_validate_config(ctx, cfg);
-    }
+    if (n == 4 && !memcmp(magic, "GGUF", 4)) { *kind = SRC_GGUF; return NB_OK; }
     size_t pl = strlen(path);
     if (pl > 12 && !strcmp(path + pl - 12, ".safetensors")) {
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", path);
         char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
-        return hf_read_config(ctx, dir, cfg);
+        if (slash) *slash = 0; else snprintf(dir, 4096, ".");
+        return NB_OK;
     }
     return nb_fail(ctx, NB_ERR_FORMAT, "%s is neither a model directory (config.json + safetensors) nor a GGUF file", path);
 }
 
+nb_status nb_model_read_config(nb_ctx *ctx, const char *path, nb_model_config *cfg) {
+    nb_model_config_init(cfg);
+    char dir[4096];
+    model_src kind;
+    nb_status s = model_source(ctx, path, dir, &kind);
+    if (s) return s;
+    if (kind == SRC_HF) return hf_read_config(ctx, dir, cfg);
+    nb_gguf *g = NULL;
+    if ((s = nb_gguf_open(ctx, path, &g))) return s;
+    char arch[64] = "";
+    int64_t rf = -1;
+    s = gguf_config(ctx, g, path, cfg, arch, &rf);
+    nb_gguf_close(g);
+    return s ? s : nb_model_validate_config(ctx, cfg);
+}
+
 nb_status nb_model_load(nb_ctx *ctx, const char *path, nb_model **out) {
     *out = NULL;
-    struct stat sb;
-    if (stat(path, &sb) != 0) return nb_fail(ctx, NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode)) return load_hf(ctx, path, out);
-    FILE *f = fopen(path, "rb");
-    char magic[4] = {0};
-    size_t n = f ? fread(magic, 1, 4, f) : 0;
-    if (f) fclose(f);
-    if (n == 4 && !memcmp(magic, "GGUF", 4)) return load_gguf(ctx, path, out);
-    size_t pl = strlen(path);
-    if (pl > 12 && !strcmp(path + pl - 12, ".safetensors")) {
-        /* a weights file: load its directory */
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", path);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
-        return load_hf(ctx, dir, out);
-    }
-    return nb_fail(ctx, NB_ERR_FORMAT, "%s is neither a model directory (config.json + safetensors) nor a GGUF file", path);
+    char dir[4096];
+    model_src kind;
+    nb_status s = model_source(ctx, path, dir, &kind);
+    if (s) return s;
+    return kind == SRC_GGUF ? load_gguf(ctx, path, out) : load_hf(ctx, dir, out);
 }
