@@ -22,10 +22,15 @@ typedef struct {
 } repl_state;
 
 /* Read one line without its newline (malloc'd), or NULL at end of input. Sets *intr when a
- * Ctrl-C arrived while waiting (the line typed so far is then dropped). */
+ * Ctrl-C arrived while waiting, or since the last line was read (a busy machine may deliver it
+ * between two lines): the chunk typed so far is then dropped. */
 static char *read_line(repl_state *rs, const char *prompt, int *intr) {
     *intr = 0;
-    nbh_prompt_interrupt = 0;
+    if (nbh_prompt_interrupt) {
+        nbh_prompt_interrupt = 0;
+        *intr = 1;
+        return NULL;
+    }
     if (rs->tty) {
         char *line = readline(prompt);
         if (nbh_prompt_interrupt) {
