@@ -178,12 +178,77 @@ static void test_ce(nb_ctx *ctx, int64_t n, int64_t V) {
     free(l); free(dl); free(t); free(ld); free(dld);
 }
 
+/* The small-head-dim attention blocks of the row-kernel table in use, against double loops, on
+ * every tail: row counts around the register blocks, key counts around the 8/16/32-key vectors,
+ * head dims with and without a remainder of hd % 8, and leading dimensions wider than the block. */
+static void test_att_rows(void) {
+    static const int64_t ms[] = {1, 2, 3, 5, 9}, ns[] = {1, 7, 15, 16, 17, 31, 33, 47}, hds[] = {4, 8, 12, 16, 24};
+    for (size_t im = 0; im < sizeof ms / sizeof *ms; im++)
+        for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
+            for (size_t ih = 0; ih < sizeof hds / sizeof *hds; ih++) {
+                int64_t m = ms[im], n = ns[in], hd = hds[ih], ldq = hd + 3, ldk = n + 5, lds = n + 2;
+                float *Q = frand(m * ldq, 1), *Kt = frand(hd * ldk, 1), *V = frand(n * ldq, 1);
+                float *S = frand(m * lds, 1), *O = fz(m * ldq), *O2 = fz(m * ldq), *C = frand(hd * ldk, 1);
+                double *Sd = dz(m * lds), *Od = dz(m * ldq), *Cd = tod(C, hd * ldk);
+                float *Sk = malloc(sizeof(float) * (size_t)(m * lds));
+                memcpy(Sk, S, sizeof(float) * (size_t)(m * lds));
+                nb_simd.rows_qk(Q, ldq, m, Kt, ldk, n, hd, 0.5f, S, lds);
+                for (int64_t r = 0; r < m; r++)
+                    for (int64_t c = 0; c < lds; c++) {
+                        double t = 0;
+                        for (int64_t d = 0; d < hd; d++) t += (double)Q[r * ldq + d] * Kt[d * ldk + c];
+                        Sd[r * lds + c] = c < n ? 0.5 * t : Sk[r * lds + c];   /* beyond n: untouched */
+                    }
+                CHECK_CLOSE(S, Sd, m * lds, 1e-6);
+                /* P = S (as probabilities); rows_pv reads Kt as V^T, rows_pvr the row-major V */
+                nb_simd.rows_pv(S, lds, m, n, Kt, ldk, hd, O, ldq);
+                for (int64_t c = 0; c < n; c++)
+                    for (int64_t d = 0; d < hd; d++) V[c * ldq + d] = Kt[d * ldk + c];
+                nb_simd.rows_pvr(S, lds, m, n, V, ldq, hd, O2, ldq);
+                for (int64_t r = 0; r < m; r++)
+                    for (int64_t d = 0; d < hd; d++) {
+                        double t = 0;
+                        for (int64_t c = 0; c < n; c++) t += (double)S[r * lds + c] * Kt[d * ldk + c];
+                        Od[r * ldq + d] = t;
+                    }
+                CHECK_CLOSE(O, Od, m * ldq, 1e-6);
+                CHECK_CLOSE(O2, Od, m * ldq, 1e-6);
+                /* Ct[d][c] += sum_r S[r][c] Q[r][d] for c < n; the rest of each Ct row untouched */
+                nb_simd.rows_tn(S, lds, m, n, Q, ldq, hd, C, ldk);
+                for (int64_t d = 0; d < hd; d++)
+                    for (int64_t c = 0; c < n; c++)
+                        for (int64_t r = 0; r < m; r++) Cd[d * ldk + c] += (double)S[r * lds + c] * Q[r * ldq + d];
+                CHECK_CLOSE(C, Cd, hd * ldk, 1e-6);
+                free(Q); free(Kt); free(V); free(S); free(O); free(O2); free(C); free(Sd); free(Od); free(Cd); free(Sk);
+            }
+}
+
+/* The AVX-512 softmax row (exp_sub_sum) takes its last n % 16 elements as the AVX2 row does, to
+ * the bit: the forward's probabilities must not move (golden tests with FP8 rounding downstream). */
+static void test_exp_tail_bits(void) {
+    if (strcmp(nb_simd_force("avx512"), "avx512") != 0) return;
+    for (int64_t n = 0; n < 16; n++) {
+        float *x = frand(n, 6), *y = malloc(sizeof(float) * 16);
+        memcpy(y, x, sizeof(float) * (size_t)n);
+        nb_simd_force("avx2");
+        float s2 = nb_simd.exp_sub_sum(x, n, 0.75f);
+        nb_simd_force("avx512");
+        float s5 = nb_simd.exp_sub_sum(y, n, 0.75f);
+        CHECK_MSG(memcmp(&s2, &s5, sizeof s2) == 0, "exp_sub_sum n=%lld: sum %.9g vs %.9g", (long long)n, s2, s5);
+        CHECK_MSG(n == 0 || memcmp(x, y, sizeof(float) * (size_t)n) == 0, "exp_sub_sum n=%lld: values differ", (long long)n);
+        free(x);
+        free(y);
+    }
+}
+
 int main(void) {
     nb_rng_seed(&rng, 777);
+    test_exp_tail_bits();
     const char *paths[3] = {"scalar", "avx2", "avx512"};
     for (int p = 0; p < 3; p++) {
     if (strcmp(nb_simd_force(paths[p]), paths[p]) != 0) { printf("no %s path on this CPU\n", paths[p]); continue; }
     printf("row kernels: %s\n", paths[p]);
+    test_att_rows();
     for (int threads = 1; threads <= 2; threads++) {
         nb_ctx *ctx = NULL;
         if (nb_ctx_new(threads, &ctx)) return 1;
@@ -200,6 +265,14 @@ int main(void) {
         test_attention(ctx, 1, 90, 90, 90, 2, 1, 48, 0, 30);      /* sgemm path, sliding window */
         test_attention(ctx, 1, 2, 75, 80, 2, 2, 64, 73, 0);       /* sgemm path, cache */
         test_attention(ctx, 1, 70, 70, 70, 2, 2, 32, 0, 0);       /* the largest row-kernel head_dim */
+        /* GQA groups of 2-4 at odd lengths on both sides of the row-kernel / sgemm switch */
+        test_attention(ctx, 2, 77, 77, 77, 8, 4, 8, 0, 0);        /* stories260K's heads */
+        test_attention(ctx, 1, 131, 131, 131, 6, 2, 16, 0, 0);
+        test_attention(ctx, 1, 67, 67, 67, 4, 1, 64, 0, 0);
+        test_attention(ctx, 1, 33, 33, 33, 4, 2, 128, 0, 0);
+        test_attention(ctx, 1, 45, 45, 45, 4, 2, 12, 0, 0);       /* hd % 8 != 0 */
+        test_attention(ctx, 2, 99, 99, 99, 4, 2, 8, 0, 17);       /* window, GQA */
+        test_attention(ctx, 1, 5, 40, 50, 4, 2, 16, 35, 0);       /* cache, GQA */
         test_swiglu(ctx, 1000);
         test_linear(ctx, 7, 33, 19);
         test_linear(ctx, 130, 64, 172);

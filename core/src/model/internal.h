@@ -28,16 +28,22 @@ typedef struct nb_simd_table {
     void (*swiglu_bwd)(const float *g, const float *u, const float *da, float *dg, float *du, int64_t n);
     void (*attn_dsoft)(float *p, float *dp, int64_t n, float lse, float D, float scale);  /* p = exp(p - lse);
                                                                                             dp = p (dp - D) scale */
-    /* attention blocks for small head dims (rows of Q, P, dS; keys of K, V):
-     * rows_qk: S[r][c] = scale sum_d Q[r][d] Kt[d][c]      (r < m, c < n; K transposed)
-     * rows_pv: O[r][:hd] = sum_c P[r][c] V[c][:hd]         (written)
-     * rows_tn: C[c][:hd] += sum_r A[r][c] B[r][:hd]        (C rows hd apart; accumulated) */
+    /* attention blocks for small head dims (rows of Q, P, dS; keys of K, V). K, V and the dK, dV
+     * accumulators are kept transposed ([hd][keys]), so the vectors of every kernel run along the
+     * keys: with hd = 8 a vector holds 8 or 16 keys instead of one short head row.
+     * rows_qk: S[r][c] = scale sum_d Q[r][d] Kt[d][c]      (r < m, c < n)
+     * rows_pvr: O[r][:hd] = sum_c P[r][c] V[c][:hd]       (V row-major, one FMA chain per output in key
+     *           order: the forward's rounding; written)
+     * rows_pv: O[r][d] = sum_c P[r][c] Vt[d][c]            (d < hd; written)
+     * rows_tn: Ct[d][c] += sum_r A[r][c] B[r][d]           (d < hd, c < n; accumulated) */
     void (*rows_qk)(const float *Q, int64_t ldq, int64_t m, const float *Kt, int64_t ldk, int64_t n, int64_t hd,
                     float scale, float *S, int64_t lds);
-    void (*rows_pv)(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
+    void (*rows_pvr)(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
+                     float *O, int64_t ldo);
+    void (*rows_pv)(const float *P, int64_t ldp, int64_t m, int64_t n, const float *Vt, int64_t ldv, int64_t hd,
                     float *O, int64_t ldo);
     void (*rows_tn)(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t hd,
-                    float *C);
+                    float *Ct, int64_t ldc);
 } nb_simd_table;
 extern nb_simd_table nb_simd;
 void nb_simd_ensure(void);

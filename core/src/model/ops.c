@@ -264,11 +264,14 @@ enum { ATT_SMALL_HD = 16 };  /* head dims up to this use register-blocked row ke
 typedef struct {
     const nb_attn_dims *a;
     const float *q, *k, *v, *o, *lse_in, *dout;
-    float *out, *lse, *dq, *dkh, *dvh;
+    float *out, *lse, *dq, *dk, *dv, *dkh, *dvh;
+    float *kt;                  /* forward, small head dims: K transposed, [B][KVH][hd][Tk] */
     int64_t nqb, nunits, nt;
     float *scratch;
     size_t scratch_per;
 } att_job;
+
+static size_t al16z(size_t n) { return (n + 15) & ~(size_t)15; }
 
 /* Key range [jlo, jhi) that any query of rows [i0, i1) may see. */
 static void att_key_range(const nb_attn_dims *a, int64_t i0, int64_t i1, int64_t *jlo, int64_t *jhi) {
@@ -286,6 +289,32 @@ static inline void att_row_range(const nb_attn_dims *a, int64_t p, int64_t *lo, 
     int64_t l = a->window > 0 ? p - a->window + 1 : 0;
     *lo = l < 0 ? 0 : l;
     *hi = h;
+}
+
+enum { ATT_SLAB = 16 };   /* query rows per row-kernel call: each call stops at the last key its rows see */
+
+/* Keys [0, n) of the block that rows [r0, r0 + ATT_SLAB) of the query block at i0 may see (the
+ * causal triangle of the diagonal block is skipped; the probabilities there are zero). */
+static inline int64_t att_slab_keys(const nb_attn_dims *a, int64_t i0, int64_t r0, int64_t m, int64_t jlo, int64_t nk) {
+    int64_t r1 = r0 + ATT_SLAB < m ? r0 + ATT_SLAB : m, lo, hi;
+    att_row_range(a, a->q_pos0 + i0 + r1 - 1, &lo, &hi);
+    hi -= jlo;
+    return hi < nk ? hi : nk;
+}
+
+/* Kt[b][kh][d][t] = K[b][t][kh][d] for t < Tk, one (b, kh) per index: done once per call rather
+ * than once per query block (it was a quarter of the forward at head_dim 8) */
+static void att_transpose_range(void *arg, int64_t u0, int64_t u1) {
+    att_job *j = arg;
+    const nb_attn_dims *a = j->a;
+    int64_t hd = a->hd, ks = a->KVH * hd, Tk = a->Tk;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t kh = u % a->KVH, b = u / a->KVH;
+        const float *K = j->k + b * a->kv_rows * ks + kh * hd;
+        float *Kt = j->kt + u * hd * Tk;
+        for (int64_t c = 0; c < Tk; c++)
+            for (int64_t d = 0; d < hd; d++) Kt[d * Tk + c] = K[c * ks + d];
+    }
 }
 
 static void att_fwd_unit(att_job *j, int64_t u, float *S) {
@@ -307,12 +336,15 @@ static void att_fwd_unit(att_job *j, int64_t u, float *S) {
         return;
     }
     if (hd <= ATT_SMALL_HD) {
-        /* register-blocked row kernels (K transposed once per block); the 1/sum of each row is
-         * applied to its hd outputs instead of its nk probabilities */
-        float *Kt = S + (size_t)m * nk, *inv = Kt + (size_t)hd * nk;
-        for (int64_t c = 0; c < nk; c++)
-            for (int64_t d = 0; d < hd; d++) Kt[d * nk + c] = K[c * ks + d];
-        nb_simd.rows_qk(Q, qs, m, Kt, nk, nk, hd, a->scale, S, nk);
+        /* register-blocked row kernels (K transposed once per call by att_transpose_range); the
+         * 1/sum of each row is applied to its hd outputs instead of its nk probabilities */
+        const float *Kt = j->kt + (b * a->KVH + h / grp) * hd * a->Tk + jlo;
+        float *inv = S + al16z((size_t)m * nk);
+        for (int64_t r0 = 0; r0 < m; r0 += ATT_SLAB) {
+            int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB;
+            nb_simd.rows_qk(Q + r0 * qs, qs, ms, Kt, a->Tk, att_slab_keys(a, i0, r0, m, jlo, nk), hd, a->scale,
+                            S + r0 * nk, nk);
+        }
         for (int64_t r = 0; r < m; r++) {
             float *s = S + r * nk;
             int64_t lo, hi;
@@ -326,7 +358,10 @@ static void att_fwd_unit(att_job *j, int64_t u, float *S) {
             inv[r] = 1.0f / sum;
             if (j->lse) j->lse[(b * a->H + h) * a->Tq + i0 + r] = mx + logf(sum);
         }
-        nb_simd.rows_pv(S, nk, m, nk, V, ks, hd, O, qs);
+        for (int64_t r0 = 0; r0 < m; r0 += ATT_SLAB) {
+            int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB;
+            nb_simd.rows_pvr(S + r0 * nk, nk, ms, att_slab_keys(a, i0, r0, m, jlo, nk), V, ks, hd, O + r0 * qs, qs);
+        }
         for (int64_t r = 0; r < m; r++)
             for (int64_t d = 0; d < hd; d++) O[r * qs + d] *= inv[r];
         return;
@@ -365,8 +400,6 @@ static nb_status att_check(nb_ctx *ctx, const nb_attn_dims *a) {
     return NB_OK;
 }
 
-static size_t al16z(size_t n) { return (n + 15) & ~(size_t)15; }
-
 nb_status nb_op_attention_fwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q, const float *k, const float *v,
                               float *out, float *lse) {
     nb_status s = att_check(ctx, a);
@@ -385,43 +418,92 @@ nb_status nb_op_attention_fwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
     j.nt = nb_ctx_threads(ctx) < j.nunits ? nb_ctx_threads(ctx) : j.nunits;
     if (j.nt < 1) return NB_OK;
     size_t tk = (size_t)(a->Tk > 0 ? a->Tk : 1);
-    j.scratch_per = al16z((size_t)ATT_BQ * tk) + (a->hd <= ATT_SMALL_HD ? al16z((size_t)a->hd * tk) + ATT_BQ : 0);
+    int small = a->hd <= ATT_SMALL_HD;
+    j.scratch_per = al16z((size_t)ATT_BQ * tk) + (small ? ATT_BQ : 0);
     j.scratch = malloc(sizeof(float) * j.scratch_per * (size_t)j.nt);
-    if (!j.scratch) return nb_fail(ctx, NB_ERR_NOMEM, "attention: out of memory for the score scratch");
+    if (small) j.kt = malloc(sizeof(float) * (size_t)(a->B * a->KVH * a->hd) * tk);
+    if (!j.scratch || (small && !j.kt)) {
+        free(j.scratch);
+        free(j.kt);
+        return nb_fail(ctx, NB_ERR_NOMEM, "attention: out of memory for the score scratch");
+    }
     nb_blas_threads(1);
+    if (small) nb_parallel_for(ctx, a->B * a->KVH, 1, att_transpose_range, &j);
     nb_parallel_for(ctx, j.nt, 1, att_fwd_range, &j);
     free(j.scratch);
+    free(j.kt);
     return NB_OK;
 }
 
-/* The backward of one query block for small head dims with the register-blocked row kernels:
- * P and dS over the visible keys (zero elsewhere), dQ = dS K, dK += dS^T Q, dV += P^T dO.
- * Scratch: 2 m*nk + 2 hd*nk floats. */
-static void att_bwd_small(const nb_attn_dims *a, int64_t m, int64_t nk, int64_t jlo, int64_t i0, const float *Q,
-                          const float *O, const float *dO, float *dQ, const float *K, const float *V, const float *lse,
-                          float *dK, float *dV, float *scratch) {
-    int64_t hd = a->hd, qs = a->H * hd, ks = a->KVH * hd;
-    float *P = scratch, *dS = P + m * nk, *Kt = dS + m * nk, *Vt = Kt + hd * nk;
-    for (int64_t c = 0; c < nk; c++)
+/* The backward for small head dims with the row kernels, one unit per (batch, kv head): K and V
+ * are transposed once ([hd][Tk], Kt/Vt), every query head of the GQA group and every query block
+ * is run against them, and dK/dV accumulate transposed in the unit's own scratch (dKt/dVt), written
+ * out once at the end. So no two threads touch the same dk/dv rows and no reduction is needed.
+ * Per block: P and dS over the visible keys (zero elsewhere), dQ = dS K, dK += dS^T Q, dV += P^T dO.
+ * Scratch: 2 ATT_BQ*Tk + 4 hd*Tk floats. */
+static void att_bwd_small_unit(att_job *j, int64_t u, float *scratch) {
+    const nb_attn_dims *a = j->a;
+    int64_t hd = a->hd, qs = a->H * hd, ks = a->KVH * hd, grp = a->H / a->KVH, Tk = a->Tk;
+    int64_t kh = u % a->KVH, b = u / a->KVH;
+    size_t sz = al16z((size_t)ATT_BQ * (size_t)(Tk > 0 ? Tk : 1)), tz = al16z((size_t)(hd * (Tk > 0 ? Tk : 1)));
+    float *P = scratch, *dS = P + sz, *Kt = dS + sz, *Vt = Kt + tz, *dKt = Vt + tz, *dVt = dKt + tz;
+    const float *K = j->k + b * a->kv_rows * ks + kh * hd, *V = j->v + b * a->kv_rows * ks + kh * hd;
+    for (int64_t c = 0; c < Tk; c++)
         for (int64_t d = 0; d < hd; d++) {
-            Kt[d * nk + c] = K[c * ks + d];
-            Vt[d * nk + c] = V[c * ks + d];
+            Kt[d * Tk + c] = K[c * ks + d];
+            Vt[d * Tk + c] = V[c * ks + d];
         }
-    nb_simd.rows_qk(Q, qs, m, Kt, nk, nk, hd, a->scale, P, nk);
-    nb_simd.rows_qk(dO, qs, m, Vt, nk, nk, hd, 1.0f, dS, nk);
-    for (int64_t r = 0; r < m; r++) {
-        int64_t lo, hi;
-        att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
-        lo -= jlo;
-        hi -= jlo;
-        float *p = P + r * nk, *ds = dS + r * nk;
-        for (int64_t c = 0; c < lo; c++) p[c] = ds[c] = 0.0f;
-        for (int64_t c = hi; c < nk; c++) p[c] = ds[c] = 0.0f;
-        nb_simd.attn_dsoft(p + lo, ds + lo, hi - lo, lse[r], nb_simd.dot(dO + r * qs, O + r * qs, hd), a->scale);
-    }
-    nb_simd.rows_pv(dS, nk, m, nk, K, ks, hd, dQ, qs);
-    nb_simd.rows_tn(dS, nk, m, nk, Q, qs, hd, dK);
-    nb_simd.rows_tn(P, nk, m, nk, dO, qs, hd, dV);
+    memset(dKt, 0, sizeof(float) * (size_t)(hd * Tk));
+    memset(dVt, 0, sizeof(float) * (size_t)(hd * Tk));
+    for (int64_t h = kh * grp; h < (kh + 1) * grp; h++)
+        for (int64_t qb = 0; qb < j->nqb; qb++) {
+            int64_t i0 = qb * ATT_BQ, i1 = i0 + ATT_BQ < a->Tq ? i0 + ATT_BQ : a->Tq, m = i1 - i0;
+            int64_t jlo, jhi;
+            att_key_range(a, i0, i1, &jlo, &jhi);
+            int64_t nk = jhi - jlo;
+            const float *Q = j->q + (b * a->Tq + i0) * qs + h * hd;
+            const float *O = j->o + (b * a->Tq + i0) * qs + h * hd;
+            const float *dO = j->dout + (b * a->Tq + i0) * qs + h * hd;
+            float *dQ = j->dq + (b * a->Tq + i0) * qs + h * hd;
+            if (nk <= 0) {
+                for (int64_t r = 0; r < m; r++) memset(dQ + r * qs, 0, sizeof(float) * (size_t)hd);
+                continue;
+            }
+            const float *lse = j->lse_in + (b * a->H + h) * a->Tq + i0;
+            for (int64_t r0 = 0; r0 < m; r0 += ATT_SLAB) {
+                int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB, n = att_slab_keys(a, i0, r0, m, jlo, nk);
+                nb_simd.rows_qk(Q + r0 * qs, qs, ms, Kt + jlo, Tk, n, hd, a->scale, P + r0 * nk, nk);
+                nb_simd.rows_qk(dO + r0 * qs, qs, ms, Vt + jlo, Tk, n, hd, 1.0f, dS + r0 * nk, nk);
+            }
+            for (int64_t r = 0; r < m; r++) {
+                int64_t lo, hi;
+                att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
+                lo -= jlo;
+                hi -= jlo;
+                float *p = P + r * nk, *ds = dS + r * nk;
+                for (int64_t c = 0; c < lo; c++) p[c] = ds[c] = 0.0f;
+                for (int64_t c = hi; c < nk; c++) p[c] = ds[c] = 0.0f;
+                nb_simd.attn_dsoft(p + lo, ds + lo, hi - lo, lse[r], nb_simd.dot(dO + r * qs, O + r * qs, hd), a->scale);
+            }
+            /* dK, dV: the keys [nprev, n) that slab r0 is the first to see get rows [r0, m) */
+            for (int64_t r0 = 0, nprev = 0; r0 < m; r0 += ATT_SLAB) {
+                int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB, n = att_slab_keys(a, i0, r0, m, jlo, nk);
+                nb_simd.rows_pv(dS + r0 * nk, nk, ms, n, Kt + jlo, Tk, hd, dQ + r0 * qs, qs);
+                if (n > nprev) {
+                    nb_simd.rows_tn(dS + r0 * nk + nprev, nk, m - r0, n - nprev, Q + r0 * qs, qs, hd,
+                                    dKt + jlo + nprev, Tk);
+                    nb_simd.rows_tn(P + r0 * nk + nprev, nk, m - r0, n - nprev, dO + r0 * qs, qs, hd,
+                                    dVt + jlo + nprev, Tk);
+                    nprev = n;
+                }
+            }
+        }
+    float *dk = j->dk + b * Tk * ks + kh * hd, *dv = j->dv + b * Tk * ks + kh * hd;
+    for (int64_t c = 0; c < Tk; c++)
+        for (int64_t d = 0; d < hd; d++) {
+            dk[c * ks + d] = dKt[d * Tk + c];
+            dv[c * ks + d] = dVt[d * Tk + c];
+        }
 }
 
 /* One unit is one (batch, query head): it writes dq of that head and accumulates the head's own
@@ -452,10 +534,6 @@ static void att_bwd_unit(att_job *j, int64_t u, float *P) {
         const float *K = j->k + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
         const float *V = j->v + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
         const float *lse = j->lse_in + (b * a->H + h) * a->Tq + i0;
-        if (hd <= ATT_SMALL_HD) {
-            att_bwd_small(a, m, nk, jlo, i0, Q, O, dO, dQ, K, V, lse, dKh + jlo * hd, dVh + jlo * hd, P);
-            continue;
-        }
         gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, P, nk);
         gemm1(0, 1, m, nk, hd, 1.0f, dO, qs, V, ks, 0.0f, dP, nk);
         for (int64_t r = 0; r < m; r++) Dr[r] = nb_simd.dot(dO + r * qs, O + r * qs, hd);
@@ -478,7 +556,10 @@ static void att_bwd_unit(att_job *j, int64_t u, float *P) {
 static void att_bwd_range(void *arg, int64_t t0, int64_t t1) {
     att_job *j = arg;
     for (int64_t t = t0; t < t1; t++)
-        for (int64_t u = t; u < j->nunits; u += j->nt) att_bwd_unit(j, u, j->scratch + (size_t)t * j->scratch_per);
+        for (int64_t u = t; u < j->nunits; u += j->nt) {
+            if (j->a->hd <= ATT_SMALL_HD) att_bwd_small_unit(j, u, j->scratch + (size_t)t * j->scratch_per);
+            else att_bwd_unit(j, u, j->scratch + (size_t)t * j->scratch_per);
+        }
 }
 
 typedef struct {
@@ -522,17 +603,22 @@ nb_status nb_op_attention_bwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
     j.lse_in = lse;
     j.dout = dout;
     j.dq = dq;
+    j.dk = dk;
+    j.dv = dv;
     j.nqb = (a->Tq + ATT_BQ - 1) / ATT_BQ;
-    j.nunits = a->B * a->H;
+    int small = a->hd <= ATT_SMALL_HD;
+    j.nunits = small ? a->B * a->KVH : a->B * a->H;
     j.nt = nb_ctx_threads(ctx) < j.nunits ? nb_ctx_threads(ctx) : j.nunits;
     if (j.nt < 1) return NB_OK;
     size_t sz = al16z((size_t)ATT_BQ * (size_t)(a->Tk > 0 ? a->Tk : 1));
-    j.scratch_per = 2 * sz + (a->hd <= ATT_SMALL_HD ? 2 * al16z((size_t)(a->hd * (a->Tk > 0 ? a->Tk : 1))) : ATT_BQ);
-    size_t n = (size_t)(a->B * a->H * a->Tk * a->hd);
+    j.scratch_per = 2 * sz + (small ? 4 * al16z((size_t)(a->hd * (a->Tk > 0 ? a->Tk : 1))) : ATT_BQ);
+    size_t n = small ? 1 : (size_t)(a->B * a->H * a->Tk * a->hd);
     j.scratch = malloc(sizeof(float) * j.scratch_per * (size_t)j.nt);
-    j.dkh = malloc(sizeof(float) * (n ? n : 1));
-    j.dvh = malloc(sizeof(float) * (n ? n : 1));
-    if (!j.scratch || !j.dkh || !j.dvh) {
+    if (!small) {
+        j.dkh = malloc(sizeof(float) * (n ? n : 1));
+        j.dvh = malloc(sizeof(float) * (n ? n : 1));
+    }
+    if (!j.scratch || (!small && (!j.dkh || !j.dvh))) {
         free(j.scratch);
         free(j.dkh);
         free(j.dvh);
@@ -540,8 +626,10 @@ nb_status nb_op_attention_bwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
     }
     nb_blas_threads(1);
     nb_parallel_for(ctx, j.nt, 1, att_bwd_range, &j);
-    att_red_job r = {a, j.dkh, j.dvh, dk, dv};
-    nb_parallel_for(ctx, a->B * a->Tk, 16, att_reduce_range, &r);
+    if (!small) {
+        att_red_job r = {a, j.dkh, j.dvh, dk, dv};
+        nb_parallel_for(ctx, a->B * a->Tk, 16, att_reduce_range, &r);
+    }
     free(j.scratch);
     free(j.dkh);
     free(j.dvh);

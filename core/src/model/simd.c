@@ -99,7 +99,7 @@ static void sc_rows_qk(const float *Q, int64_t ldq, int64_t m, const float *Kt, 
     }
 }
 /* O[r][:hd] = sum_c P[r][c] V[c][:hd] (r < m, c < n) */
-static void sc_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
+static void sc_rows_pvr(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
                        float *O, int64_t ldo) {
     for (int64_t r = 0; r < m; r++) {
         float *o = O + r * ldo;
@@ -111,15 +111,24 @@ static void sc_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const 
         }
     }
 }
-/* C[c][:hd] += sum_r A[r][c] B[r][:hd] (c < n, r < m); C rows are hd apart */
-static void sc_rows_tn(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t hd,
-                       float *C) {
+/* O[r][d] = sum_c P[r][c] Vt[d][c] (r < m, d < hd) */
+static void sc_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const float *Vt, int64_t ldv, int64_t hd,
+                       float *O, int64_t ldo) {
     for (int64_t r = 0; r < m; r++)
-        for (int64_t c = 0; c < n; c++) {
-            float a = A[r * lda + c];
-            const float *b = B + r * ldb;
-            float *cc = C + c * hd;
-            for (int64_t d = 0; d < hd; d++) cc[d] += a * b[d];
+        for (int64_t d = 0; d < hd; d++) {
+            float s = 0.0f;
+            for (int64_t c = 0; c < n; c++) s += P[r * ldp + c] * Vt[d * ldv + c];
+            O[r * ldo + d] = s;
+        }
+}
+/* Ct[d][c] += sum_r A[r][c] B[r][d] (d < hd, c < n) */
+static void sc_rows_tn(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t hd,
+                       float *Ct, int64_t ldc) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t d = 0; d < hd; d++) {
+            float b = B[r * ldb + d];
+            float *ct = Ct + d * ldc;
+            for (int64_t c = 0; c < n; c++) ct[c] += A[r * lda + c] * b;
         }
 }
 
@@ -252,11 +261,17 @@ static AVX2 void av_swiglu_bwd(const float *g, const float *u, const float *da, 
     sc_swiglu_bwd(g + i, u + i, da + i, dg + i, du + i, n - i);
 }
 
-/* The three small-head-dim attention products, register-blocked over 4 rows (or keys) so that
- * every vector load feeds 4 FMAs; HV = hd / 8 vectors per row is a constant in each instance. */
+/* The small-head-dim attention products with vectors along the keys (K, V, dK, dV transposed):
+ * rows_pv and the dQ product are dot products over the keys (8 accumulators per row, one per head
+ * dim, reduced once at the end); rows_tn accumulates dK^T / dV^T rows of 8 keys over the query rows.
+ * Head dims are taken 8 at a time; a remainder of hd % 8 goes to the portable loops. */
+
+/* The forward's O = P V keeps V row-major and the vector along the head row: each output is one
+ * FMA chain over the keys in order, the rounding the golden tests were made with (a dot product
+ * over keys reduced by a tree rounds differently, and FP8 KV fake quant downstream amplifies it). */
 /* HV = hd / 8 vectors per row, RB rows (or keys) per register block: RB * HV accumulators, chosen
  * so that they and the loads fit the 16 ymm registers and enough FMA chains are in flight. */
-static inline __attribute__((always_inline)) AVX2 void av_rows_pv_hv(const float *P, int64_t ldp, int64_t m, int64_t n,
+static inline __attribute__((always_inline)) AVX2 void av_rows_pvr_hv(const float *P, int64_t ldp, int64_t m, int64_t n,
                                                                       const float *V, int64_t ldv, float *O, int64_t ldo,
                                                                       const int HV, const int RB) {
     int64_t r = 0;
@@ -286,57 +301,74 @@ static inline __attribute__((always_inline)) AVX2 void av_rows_pv_hv(const float
     }
 }
 
-static AVX2 void av_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
+static AVX2 void av_rows_pvr(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
                             float *O, int64_t ldo) {
     switch (hd) {
-    case 8: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 1, 8); return;
-    case 16: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 2, 4); return;
-    case 24: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 3, 4); return;
-    case 32: av_rows_pv_hv(P, ldp, m, n, V, ldv, O, ldo, 4, 2); return;
-    default: sc_rows_pv(P, ldp, m, n, V, ldv, hd, O, ldo);
+    case 8: av_rows_pvr_hv(P, ldp, m, n, V, ldv, O, ldo, 1, 8); return;
+    case 16: av_rows_pvr_hv(P, ldp, m, n, V, ldv, O, ldo, 2, 4); return;
+    case 24: av_rows_pvr_hv(P, ldp, m, n, V, ldv, O, ldo, 3, 4); return;
+    case 32: av_rows_pvr_hv(P, ldp, m, n, V, ldv, O, ldo, 4, 2); return;
+    default: sc_rows_pvr(P, ldp, m, n, V, ldv, hd, O, ldo);
     }
 }
 
-static inline __attribute__((always_inline)) AVX2 void av_rows_tn_hv(const float *A, int64_t lda, int64_t m, int64_t n,
-                                                                      const float *B, int64_t ldb, float *C, const int HV,
-                                                                      const int RB) {
-    const int64_t hd = 8 * HV;
-    int64_t c = 0;
-    for (; c + RB <= n; c += RB) {
-        __m256 acc[8][4];
-        for (int i = 0; i < RB; i++)
-            for (int h = 0; h < HV; h++) acc[i][h] = _mm256_loadu_ps(C + (c + i) * hd + 8 * h);
+/* lane i of the result = sum of the 8 lanes of v[i] */
+static inline AVX2 __m256 hsum8x8(const __m256 v[8]) {
+    __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+static AVX2 void av_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const float *Vt, int64_t ldv, int64_t hd,
+                            float *O, int64_t ldo) {
+    int64_t d0 = 0;
+    for (; d0 + 8 <= hd; d0 += 8) {
+        const float *V = Vt + d0 * ldv;
         for (int64_t r = 0; r < m; r++) {
-            __m256 b[4];
-            for (int h = 0; h < HV; h++) b[h] = _mm256_loadu_ps(B + r * ldb + 8 * h);
-            for (int i = 0; i < RB; i++) {
-                __m256 ab = _mm256_broadcast_ss(A + r * lda + c + i);
-                for (int h = 0; h < HV; h++) acc[i][h] = _mm256_fmadd_ps(ab, b[h], acc[i][h]);
+            const float *p = P + r * ldp;
+            __m256 acc[8];
+            for (int d = 0; d < 8; d++) acc[d] = _mm256_setzero_ps();
+            int64_t c = 0;
+            for (; c + 8 <= n; c += 8) {
+                __m256 pv = _mm256_loadu_ps(p + c);
+                for (int d = 0; d < 8; d++) acc[d] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(V + d * ldv + c), acc[d]);
             }
+            __m256 s = hsum8x8(acc);
+            if (c < n) {
+                float t[8];
+                for (int d = 0; d < 8; d++) {
+                    float x = 0.0f;
+                    for (int64_t cc = c; cc < n; cc++) x += p[cc] * V[d * ldv + cc];
+                    t[d] = x;
+                }
+                s = _mm256_add_ps(s, _mm256_loadu_ps(t));
+            }
+            _mm256_storeu_ps(O + r * ldo + d0, s);
         }
-        for (int i = 0; i < RB; i++)
-            for (int h = 0; h < HV; h++) _mm256_storeu_ps(C + (c + i) * hd + 8 * h, acc[i][h]);
     }
-    for (; c < n; c++) {
-        __m256 acc[4];
-        for (int h = 0; h < HV; h++) acc[h] = _mm256_loadu_ps(C + c * hd + 8 * h);
-        for (int64_t r = 0; r < m; r++) {
-            __m256 ab = _mm256_broadcast_ss(A + r * lda + c);
-            for (int h = 0; h < HV; h++) acc[h] = _mm256_fmadd_ps(ab, _mm256_loadu_ps(B + r * ldb + 8 * h), acc[h]);
-        }
-        for (int h = 0; h < HV; h++) _mm256_storeu_ps(C + c * hd + 8 * h, acc[h]);
-    }
+    if (d0 < hd) sc_rows_pv(P, ldp, m, n, Vt + d0 * ldv, ldv, hd - d0, O + d0, ldo);
 }
 
 static AVX2 void av_rows_tn(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t hd,
-                            float *C) {
-    switch (hd) {
-    case 8: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 1, 8); return;
-    case 16: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 2, 4); return;
-    case 24: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 3, 4); return;
-    case 32: av_rows_tn_hv(A, lda, m, n, B, ldb, C, 4, 2); return;
-    default: sc_rows_tn(A, lda, m, n, B, ldb, hd, C);
+                            float *Ct, int64_t ldc) {
+    int64_t d0 = 0;
+    for (; d0 + 8 <= hd; d0 += 8) {
+        float *C = Ct + d0 * ldc;
+        int64_t c = 0;
+        for (; c + 8 <= n; c += 8) {
+            __m256 acc[8];
+            for (int d = 0; d < 8; d++) acc[d] = _mm256_loadu_ps(C + d * ldc + c);
+            for (int64_t r = 0; r < m; r++) {
+                __m256 av = _mm256_loadu_ps(A + r * lda + c);
+                const float *b = B + r * ldb + d0;
+                for (int d = 0; d < 8; d++) acc[d] = _mm256_fmadd_ps(av, _mm256_broadcast_ss(b + d), acc[d]);
+            }
+            for (int d = 0; d < 8; d++) _mm256_storeu_ps(C + d * ldc + c, acc[d]);
+        }
+        if (c < n) sc_rows_tn(A + c, lda, m, n - c, B + d0, ldb, 8, C + c, ldc);
     }
+    if (d0 < hd) sc_rows_tn(A, lda, m, n, B + d0, ldb, hd - d0, Ct + d0 * ldc, ldc);
 }
 
 static AVX2 void av_rows_qk(const float *Q, int64_t ldq, int64_t m, const float *Kt, int64_t ldk, int64_t n, int64_t hd,
@@ -374,8 +406,7 @@ static AVX2 void av_attn_dsoft(float *p, float *dp, int64_t n, float lse, float 
     }
     sc_attn_dsoft(p + i, dp + i, n - i, lse, D, scale);
 }
-/* ---- AVX-512 (the exp-heavy row kernels; the attention blocks keep their AVX2 forms, whose vector
- * is one head row of 8 or 16) ---------------------------------------------------------------- */
+/* ---- AVX-512 (the exp-heavy row kernels and the attention blocks) -------------------------------- */
 
 #define AVX512 __attribute__((target("avx512f,avx2,fma")))
 
@@ -392,18 +423,43 @@ static inline AVX512 __m512 v5_exp(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    /* y * 2^n in one instruction: the same exactly rounded product as building 2^n's bits and
+     * multiplying (n is in [-126, 128) after the clamp) */
+    return _mm512_scalef_ps(y, n);
+}
+
+/* The row kernels below take their last n % 16 elements with masked loads and stores: attention
+ * rows have every length, and a scalar tail of up to 15 exps was a tenth of the softmax. */
+static inline AVX512 __mmask16 tmask(int64_t left) { return (__mmask16)((1u << left) - 1u); }
+
+/* sc_exp's operations (separately rounded, as the portable C is compiled: ISO C, no contraction)
+ * on 16 lanes: the same bits as sc_exp per lane */
+static inline AVX512 __m512 v5_exp_sc(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    __m512 t = _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), magic);
+    __m512 n = _mm512_sub_ps(t, magic);
+    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
 static AVX512 float a5_max(const float *x, int64_t n) {
-    if (n < 16) return av_max(x, n);
-    __m512 a = _mm512_loadu_ps(x);
-    int64_t i = 16;
+    if (n <= 0) return -INFINITY;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 a = ninf;
+    int64_t i = 0;
     for (; i + 16 <= n; i += 16) a = _mm512_max_ps(a, _mm512_loadu_ps(x + i));
-    float m = _mm512_reduce_max_ps(a);
-    float t = av_max(x + i, n - i);
-    return t > m ? t : m;
+    if (i < n) a = _mm512_max_ps(a, _mm512_mask_loadu_ps(ninf, tmask(n - i), x + i));
+    return _mm512_reduce_max_ps(a);
 }
 
 static AVX512 float a5_exp_sub_sum(float *x, int64_t n, float sub) {
@@ -414,7 +470,22 @@ static AVX512 float a5_exp_sub_sum(float *x, int64_t n, float sub) {
         _mm512_storeu_ps(x + i, e);
         s = _mm512_add_ps(s, e);
     }
-    return _mm512_reduce_add_ps(s) + av_exp_sub_sum(x + i, n - i, sub);
+    /* the tail as av_exp_sub_sum takes it, to the bit (the forward's softmax is pinned by golden
+     * tests downstream of FP8 rounding): 8 lanes of v_exp, then the last ones through sc_exp's exact
+     * operations in one masked vector, summed in order */
+    float t = 0.0f;
+    if (n - i >= 8) {
+        __m256 e = v_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(sub)));
+        _mm256_storeu_ps(x + i, e);
+        t = hsum(e);
+        i += 8;
+    }
+    if (i < n) {
+        __mmask16 k = tmask(n - i);
+        _mm512_mask_storeu_ps(x + i, k, v5_exp_sc(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vs)));
+        for (; i < n; i++) t += x[i];
+    }
+    return _mm512_reduce_add_ps(s) + t;
 }
 
 static AVX512 float a5_exp_sum(const float *x, int64_t n, float sub) {
@@ -466,7 +537,124 @@ static AVX512 void a5_attn_dsoft(float *p, float *dp, int64_t n, float lse, floa
         _mm512_storeu_ps(p + i, pv);
         _mm512_storeu_ps(dp + i, _mm512_mul_ps(_mm512_mul_ps(pv, _mm512_sub_ps(_mm512_loadu_ps(dp + i), vD)), vsc));
     }
-    av_attn_dsoft(p + i, dp + i, n - i, lse, D, scale);
+    if (i < n) {
+        __mmask16 k = tmask(n - i);
+        __m512 pv = v5_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p + i), vl));
+        _mm512_mask_storeu_ps(p + i, k, pv);
+        _mm512_mask_storeu_ps(dp + i, k, _mm512_mul_ps(_mm512_mul_ps(pv, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + i), vD)), vsc));
+    }
+}
+/* AVX-512 forms of the attention blocks: 16 keys per vector, masked loads/stores for the last keys. */
+static inline AVX512 __mmask16 kmask(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u); }
+
+/* lane i of the result = sum of the 16 lanes of v[i] (a transpose-and-add tree) */
+static inline AVX512 __m512 hsum16x16(const __m512 v[16]) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* 4 rows x 32 keys per register block (8 accumulators, 6 loads per 8 FMAs) */
+static AVX512 void a5_rows_qk(const float *Q, int64_t ldq, int64_t m, const float *Kt, int64_t ldk, int64_t n,
+                              int64_t hd, float scale, float *S, int64_t lds) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t c = 0; c < n; c += 32) {
+        __mmask16 k0 = kmask(n - c), k1 = kmask(n - c - 16 > 0 ? n - c - 16 : 0);
+        int64_t r = 0;
+        for (; r + 4 <= m; r += 4) {
+            __m512 a[4][2];
+            for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < hd; d++) {
+                __m512 x0 = _mm512_maskz_loadu_ps(k0, Kt + d * ldk + c), x1 = _mm512_maskz_loadu_ps(k1, Kt + d * ldk + c + 16);
+                for (int i = 0; i < 4; i++) {
+                    __m512 q = _mm512_set1_ps(Q[(r + i) * ldq + d]);
+                    a[i][0] = _mm512_fmadd_ps(q, x0, a[i][0]);
+                    a[i][1] = _mm512_fmadd_ps(q, x1, a[i][1]);
+                }
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm512_mask_storeu_ps(S + (r + i) * lds + c, k0, _mm512_mul_ps(a[i][0], vs));
+                _mm512_mask_storeu_ps(S + (r + i) * lds + c + 16, k1, _mm512_mul_ps(a[i][1], vs));
+            }
+        }
+        for (; r < m; r++) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+            for (int64_t d = 0; d < hd; d++) {
+                __m512 q = _mm512_set1_ps(Q[r * ldq + d]);
+                a0 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(k0, Kt + d * ldk + c), a0);
+                a1 = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(k1, Kt + d * ldk + c + 16), a1);
+            }
+            _mm512_mask_storeu_ps(S + r * lds + c, k0, _mm512_mul_ps(a0, vs));
+            _mm512_mask_storeu_ps(S + r * lds + c + 16, k1, _mm512_mul_ps(a1, vs));
+        }
+    }
+}
+
+/* 2 rows x 8 head dims per pass: 16 dot-product accumulators over the keys, 10 loads per 16 FMAs */
+static AVX512 void a5_rows_pv(const float *P, int64_t ldp, int64_t m, int64_t n, const float *Vt, int64_t ldv,
+                              int64_t hd, float *O, int64_t ldo) {
+    int64_t d0 = 0;
+    for (; d0 + 8 <= hd; d0 += 8) {
+        const float *V = Vt + d0 * ldv;
+        for (int64_t r = 0; r < m; r += 2) {
+            const float *p0 = P + r * ldp, *p1 = r + 1 < m ? p0 + ldp : p0;
+            __m512 acc[16];
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < n; c += 16) {
+                __mmask16 k = kmask(n - c);
+                __m512 x0 = _mm512_maskz_loadu_ps(k, p0 + c), x1 = _mm512_maskz_loadu_ps(k, p1 + c);
+                for (int d = 0; d < 8; d++) {
+                    __m512 v = _mm512_maskz_loadu_ps(k, V + d * ldv + c);
+                    acc[d] = _mm512_fmadd_ps(x0, v, acc[d]);
+                    acc[8 + d] = _mm512_fmadd_ps(x1, v, acc[8 + d]);
+                }
+            }
+            __m512 s = hsum16x16(acc);
+            _mm256_storeu_ps(O + r * ldo + d0, _mm512_castps512_ps256(s));
+            if (r + 1 < m) _mm256_storeu_ps(O + (r + 1) * ldo + d0, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+        }
+    }
+    if (d0 < hd) sc_rows_pv(P, ldp, m, n, Vt + d0 * ldv, ldv, hd - d0, O + d0, ldo);
+}
+
+/* 32 keys x 8 head dims per register block: 16 accumulators, 10 loads per 16 FMAs */
+static AVX512 void a5_rows_tn(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb,
+                              int64_t hd, float *Ct, int64_t ldc) {
+    int64_t d0 = 0;
+    for (; d0 + 8 <= hd; d0 += 8) {
+        float *C = Ct + d0 * ldc;
+        for (int64_t c = 0; c < n; c += 32) {
+            __mmask16 k0 = kmask(n - c), k1 = kmask(n - c - 16 > 0 ? n - c - 16 : 0);
+            __m512 a0[8], a1[8];
+            for (int d = 0; d < 8; d++) {
+                a0[d] = _mm512_maskz_loadu_ps(k0, C + d * ldc + c);
+                a1[d] = _mm512_maskz_loadu_ps(k1, C + d * ldc + c + 16);
+            }
+            for (int64_t r = 0; r < m; r++) {
+                __m512 x0 = _mm512_maskz_loadu_ps(k0, A + r * lda + c), x1 = _mm512_maskz_loadu_ps(k1, A + r * lda + c + 16);
+                const float *b = B + r * ldb + d0;
+                for (int d = 0; d < 8; d++) {
+                    __m512 bv = _mm512_set1_ps(b[d]);
+                    a0[d] = _mm512_fmadd_ps(x0, bv, a0[d]);
+                    a1[d] = _mm512_fmadd_ps(x1, bv, a1[d]);
+                }
+            }
+            for (int d = 0; d < 8; d++) {
+                _mm512_mask_storeu_ps(C + d * ldc + c, k0, a0[d]);
+                _mm512_mask_storeu_ps(C + d * ldc + c + 16, k1, a1[d]);
+            }
+        }
+    }
+    if (d0 < hd) sc_rows_tn(A, lda, m, n, B + d0, ldb, hd - d0, Ct + d0 * ldc, ldc);
 }
 #endif
 
@@ -475,12 +663,12 @@ static AVX512 void a5_attn_dsoft(float *p, float *dp, int64_t n, float lse, floa
 nb_simd_table nb_simd;   /* process-wide, filled once from the CPU's features (no per-context state) */
 
 static const nb_simd_table k_scalar = {"scalar", sc_max, sc_exp_sub_sum, sc_exp_sum, sc_exp_scale, sc_dot, sc_dot3,
-                                       sc_swiglu, sc_swiglu_bwd, sc_attn_dsoft, sc_rows_qk, sc_rows_pv, sc_rows_tn};
+                                       sc_swiglu, sc_swiglu_bwd, sc_attn_dsoft, sc_rows_qk, sc_rows_pvr, sc_rows_pv, sc_rows_tn};
 #ifdef NB_HAVE_AVX2_PATH
 static const nb_simd_table k_avx2 = {"avx2", av_max, av_exp_sub_sum, av_exp_sum, av_exp_scale, av_dot, av_dot3,
-                                     av_swiglu, av_swiglu_bwd, av_attn_dsoft, av_rows_qk, av_rows_pv, av_rows_tn};
+                                     av_swiglu, av_swiglu_bwd, av_attn_dsoft, av_rows_qk, av_rows_pvr, av_rows_pv, av_rows_tn};
 static const nb_simd_table k_avx512 = {"avx512", a5_max, a5_exp_sub_sum, a5_exp_sum, a5_exp_scale, av_dot, av_dot3,
-                                       a5_swiglu, a5_swiglu_bwd, a5_attn_dsoft, av_rows_qk, av_rows_pv, av_rows_tn};
+                                       a5_swiglu, a5_swiglu_bwd, a5_attn_dsoft, a5_rows_qk, av_rows_pvr, a5_rows_pv, a5_rows_tn};
 
 static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 static int have_avx512(void) { return have_avx2() && __builtin_cpu_supports("avx512f"); }
