@@ -563,9 +563,51 @@ static inline AVX512 __m512 hsum16x16(const __m512 v[16]) {
                          _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* hd = HD (8 or 16): the HD x 16*CV block of Kt stays in registers while every row passes over it
+ * (R rows at a time, R*CV accumulators: enough independent FMA chains of length HD), so a row
+ * costs HD broadcasts and HD*CV FMAs. Each score is the same FMA chain over d as the generic form. */
+static inline __attribute__((always_inline)) AVX512 void a5_rows_qk_hd(const float *Q, int64_t ldq, int64_t m,
+                                                                        const float *Kt, int64_t ldk, int64_t n,
+                                                                        float scale, float *S, int64_t lds,
+                                                                        const int HD, const int CV, const int R) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t c = 0; c < n; c += 16 * CV) {
+        __mmask16 km[2];
+        __m512 kt[16][2];
+        for (int v = 0; v < CV; v++) km[v] = kmask(n - c - 16 * v > 0 ? n - c - 16 * v : 0);
+        for (int d = 0; d < HD; d++)
+            for (int v = 0; v < CV; v++) kt[d][v] = _mm512_maskz_loadu_ps(km[v], Kt + d * ldk + c + 16 * v);
+        int64_t r = 0;
+        for (; r + R <= m; r += R) {
+            __m512 a[8][2];
+            for (int i = 0; i < R; i++)
+                for (int v = 0; v < CV; v++) a[i][v] = _mm512_setzero_ps();
+            for (int d = 0; d < HD; d++)
+                for (int i = 0; i < R; i++) {
+                    __m512 q = _mm512_set1_ps(Q[(r + i) * ldq + d]);
+                    for (int v = 0; v < CV; v++) a[i][v] = _mm512_fmadd_ps(q, kt[d][v], a[i][v]);
+                }
+            for (int i = 0; i < R; i++)
+                for (int v = 0; v < CV; v++)
+                    _mm512_mask_storeu_ps(S + (r + i) * lds + c + 16 * v, km[v], _mm512_mul_ps(a[i][v], vs));
+        }
+        for (; r < m; r++) {
+            __m512 a[2];
+            for (int v = 0; v < CV; v++) a[v] = _mm512_setzero_ps();
+            for (int d = 0; d < HD; d++) {
+                __m512 q = _mm512_set1_ps(Q[r * ldq + d]);
+                for (int v = 0; v < CV; v++) a[v] = _mm512_fmadd_ps(q, kt[d][v], a[v]);
+            }
+            for (int v = 0; v < CV; v++) _mm512_mask_storeu_ps(S + r * lds + c + 16 * v, km[v], _mm512_mul_ps(a[v], vs));
+        }
+    }
+}
+
 /* 4 rows x 32 keys per register block (8 accumulators, 6 loads per 8 FMAs) */
 static AVX512 void a5_rows_qk(const float *Q, int64_t ldq, int64_t m, const float *Kt, int64_t ldk, int64_t n,
                               int64_t hd, float scale, float *S, int64_t lds) {
+    if (hd == 8) { a5_rows_qk_hd(Q, ldq, m, Kt, ldk, n, scale, S, lds, 8, 2, 4); return; }
+    if (hd == 16) { a5_rows_qk_hd(Q, ldq, m, Kt, ldk, n, scale, S, lds, 16, 1, 8); return; }
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t c = 0; c < n; c += 32) {
         __mmask16 k0 = kmask(n - c), k1 = kmask(n - c - 16 > 0 ? n - c - 16 : 0);
