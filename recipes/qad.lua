@@ -6,7 +6,7 @@
 --       [lm_loss=false] [sft_mask=true] [layout=modelopt|compressed-tensors] [metrics=FILE.jsonl]
 --       [checkpoint_every=N] [checkpoint_dir=DIR] [resume=true] [eval_every=N] [ctx=512] [chunks=N]
 --       [seed=1] [teacher=PATH]
--- stories260K (issue 6; PTQ KLD 0.0941 / PPL 4.2412 -> QAD 0.0239 / 3.9886, teacher PPL 3.8666; plain-text
+-- stories260K (issue 6; PTQ KLD 0.0941 / PPL 4.2412 -> QAD 0.0246 / 3.9911, teacher PPL 3.8666; plain-text
 -- documents are marked as the tokenizer marks them, BOS only here: see qad.loader and bench/README.md):
 --   nibble run recipes/qad.lua model=../shared/data/stories260K/hf
 --       data=../shared/data/text/tinystories_train_head_2MiB.txt
