@@ -32,32 +32,25 @@ static nb_status buffer_alloc_struct(nb_ctx *ctx, nb_buffer **out) {
     return NB_OK;
 }
 
-nb_status nb_buffer_new(nb_ctx *ctx, size_t bytes, nb_buffer **out) {
+void *nb_alloc_uninit(nb_ctx *ctx, size_t bytes);   /* ctx.c: nb_alloc without the zero fill */
+
+static nb_status buffer_new_heap(nb_ctx *ctx, size_t bytes, int zero, nb_buffer **out) {
     *out = NULL;
     nb_buffer *b = NULL;
     nb_status s = buffer_alloc_struct(ctx, &b);
     if (s) return s;
     b->kind = NB_BUF_HEAP;
     b->size = bytes;
-    b->data = nb_alloc(ctx, bytes);
+    b->data = zero ? nb_alloc(ctx, bytes) : nb_alloc_uninit(ctx, bytes);
     if (!b->data) { nb_buffer_release(b); return NB_ERR_NOMEM; }
     *out = b;
     return NB_OK;
 }
 
-void *nb_alloc_uninit(nb_ctx *ctx, size_t bytes);   /* ctx.c: nb_alloc without the zero fill */
+nb_status nb_buffer_new(nb_ctx *ctx, size_t bytes, nb_buffer **out) { return buffer_new_heap(ctx, bytes, 1, out); }
 
 nb_status nb_buffer_new_uninit(nb_ctx *ctx, size_t bytes, nb_buffer **out) {
-    *out = NULL;
-    nb_buffer *b = NULL;
-    nb_status s = buffer_alloc_struct(ctx, &b);
-    if (s) return s;
-    b->kind = NB_BUF_HEAP;
-    b->size = bytes;
-    b->data = nb_alloc_uninit(ctx, bytes);
-    if (!b->data) { nb_buffer_release(b); return NB_ERR_NOMEM; }
-    *out = b;
-    return NB_OK;
+    return buffer_new_heap(ctx, bytes, 0, out);
 }
 
 nb_status nb_buffer_mmap(nb_ctx *ctx, const char *path, nb_buffer **out) {
@@ -189,26 +182,24 @@ nb_status nb_tensor_wrap(nb_ctx *ctx, nb_buffer *buf, nb_dtype dt, int ndim, con
     return NB_OK;
 }
 
-nb_status nb_tensor_new(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out) {
+static nb_status tensor_new_heap(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, int zero,
+                                 nb_tensor **out) {
     *out = NULL;
     nb_status s = check_shape(ctx, dt, ndim, shape);
     if (s) return s;
     nb_buffer *b = NULL;
-    if ((s = nb_buffer_new(ctx, (size_t)nb_dtype_nbytes(dt, numel_of(ndim, shape)), &b))) return s;
+    if ((s = buffer_new_heap(ctx, (size_t)nb_dtype_nbytes(dt, numel_of(ndim, shape)), zero, &b))) return s;
     s = nb_tensor_wrap(ctx, b, dt, ndim, shape, 0, out);
     nb_buffer_release(b);
     return s;
 }
 
+nb_status nb_tensor_new(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out) {
+    return tensor_new_heap(ctx, dt, ndim, shape, 1, out);
+}
+
 nb_status nb_tensor_new_uninit(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out) {
-    *out = NULL;
-    nb_status s = check_shape(ctx, dt, ndim, shape);
-    if (s) return s;
-    nb_buffer *b = NULL;
-    if ((s = nb_buffer_new_uninit(ctx, (size_t)nb_dtype_nbytes(dt, numel_of(ndim, shape)), &b))) return s;
-    s = nb_tensor_wrap(ctx, b, dt, ndim, shape, 0, out);
-    nb_buffer_release(b);
-    return s;
+    return tensor_new_heap(ctx, dt, ndim, shape, 0, out);
 }
 
 nb_status nb_tensor_from_data(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, const void *data,
