@@ -47,43 +47,22 @@ int64_t nbq_find_nonfinite(const void *base, nb_dtype dt, int64_t n) {
     return -1;
 }
 
-typedef struct absmax_job {
-    const void *base;
-    nb_dtype dt;
-    int64_t n, chunk;
-    float part[256];
-} absmax_job;
-
-static void absmax_range(void *arg, int64_t begin, int64_t end) {
-    absmax_job *j = arg;
-    for (int64_t c = begin; c < end; c++) {
-        int64_t lo = c * j->chunk, hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
-        int nonfinite = 0;
-        float m = nbq_fast_absmax((const uint8_t *)j->base + lo * nb_dtype_nbytes(j->dt, 1), j->dt, hi - lo, &nonfinite);
-        float buf[256];
-        if (nonfinite) m = 0.0f;   /* keep this loop's meaning: NaN ignored, Inf is the max */
-        for (int64_t i = lo; nonfinite && i < hi; i += 256) {
-            int64_t k = hi - i < 256 ? hi - i : 256;
-            nbq_load_row((const uint8_t *)j->base + i * nb_dtype_nbytes(j->dt, 1), j->dt, 0, k, buf);
-            for (int64_t t = 0; t < k; t++) {
-                float a = fabsf(buf[t]);
-                if (a > m) m = a;
-            }
-        }
-        j->part[c] = m;
-    }
-}
-
+/* max |x| over a tensor, NaN ignored and Inf the max: the threaded vectorized pass, and on a
+ * non-finite value (rare: callers usually reject those first) a plain scan with that meaning. */
 float nbq_absmax(nb_ctx *ctx, const void *base, nb_dtype dt, int64_t n) {
-    absmax_job j = {.base = base, .dt = dt, .n = n};
-    int64_t nchunks = n < 65536 ? 1 : 256;
-    j.chunk = (n + nchunks - 1) / nchunks;
-    if (j.chunk == 0) return 0.0f;
-    nchunks = (n + j.chunk - 1) / j.chunk;
-    nb_parallel_for(ctx, nchunks, 1, absmax_range, &j);
-    float m = 0.0f;
-    for (int64_t c = 0; c < nchunks; c++)
-        if (j.part[c] > m) m = j.part[c];
+    int nonfinite = 0;
+    float m = nbq_fast_absmax_mt(ctx, base, dt, n, &nonfinite);
+    if (!nonfinite) return m;
+    float buf[256];
+    m = 0.0f;
+    for (int64_t i = 0; i < n; i += 256) {
+        int64_t k = n - i < 256 ? n - i : 256;
+        nbq_load_row((const uint8_t *)base + i * nb_dtype_nbytes(dt, 1), dt, 0, k, buf);
+        for (int64_t t = 0; t < k; t++) {
+            float v = fabsf(buf[t]);
+            if (v > m) m = v;
+        }
+    }
     return m;
 }
 
