@@ -448,6 +448,33 @@ nb_status nb_op_attention_fwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
     return NB_OK;
 }
 
+/* Query block qb of head h (batch b) in the backward: its rows [i0, i0 + m), the keys [jlo, jlo + nk)
+ * any of them sees, and its Q, O, dO, dQ rows and lse. 0 when the block sees no key (its dQ rows are
+ * then zeroed and there is nothing else to do). */
+typedef struct {
+    int64_t i0, m, jlo, nk;
+    const float *Q, *O, *dO, *lse;
+    float *dQ;
+} att_blk;
+
+static int att_bwd_block(const att_job *j, int64_t b, int64_t h, int64_t qb, att_blk *k) {
+    const nb_attn_dims *a = j->a;
+    int64_t qs = a->H * a->hd, jhi;
+    k->i0 = qb * ATT_BQ;
+    k->m = (k->i0 + ATT_BQ < a->Tq ? k->i0 + ATT_BQ : a->Tq) - k->i0;
+    att_key_range(a, k->i0, k->i0 + k->m, &k->jlo, &jhi);
+    k->nk = jhi - k->jlo;
+    int64_t off = (b * a->Tq + k->i0) * qs + h * a->hd;
+    k->Q = j->q + off;
+    k->O = j->o + off;
+    k->dO = j->dout + off;
+    k->dQ = j->dq + off;
+    k->lse = j->lse_in + (b * a->H + h) * a->Tq + k->i0;
+    if (k->nk > 0) return 1;
+    for (int64_t r = 0; r < k->m; r++) memset(k->dQ + r * qs, 0, sizeof(float) * (size_t)a->hd);
+    return 0;
+}
+
 /* The backward for small head dims with the row kernels, one unit per (batch, kv head): K and V
  * are transposed once ([hd][Tk], Kt/Vt), every query head of the GQA group and every query block
  * is run against them, and dK/dV accumulate transposed in the unit's own scratch (dKt/dVt), written
@@ -470,19 +497,11 @@ static void att_bwd_small_unit(att_job *j, int64_t u, float *scratch) {
     memset(dVt, 0, sizeof(float) * (size_t)(hd * Tk));
     for (int64_t h = kh * grp; h < (kh + 1) * grp; h++)
         for (int64_t qb = 0; qb < j->nqb; qb++) {
-            int64_t i0 = qb * ATT_BQ, i1 = i0 + ATT_BQ < a->Tq ? i0 + ATT_BQ : a->Tq, m = i1 - i0;
-            int64_t jlo, jhi;
-            att_key_range(a, i0, i1, &jlo, &jhi);
-            int64_t nk = jhi - jlo;
-            const float *Q = j->q + (b * a->Tq + i0) * qs + h * hd;
-            const float *O = j->o + (b * a->Tq + i0) * qs + h * hd;
-            const float *dO = j->dout + (b * a->Tq + i0) * qs + h * hd;
-            float *dQ = j->dq + (b * a->Tq + i0) * qs + h * hd;
-            if (nk <= 0) {
-                for (int64_t r = 0; r < m; r++) memset(dQ + r * qs, 0, sizeof(float) * (size_t)hd);
-                continue;
-            }
-            const float *lse = j->lse_in + (b * a->H + h) * a->Tq + i0;
+            att_blk k;
+            if (!att_bwd_block(j, b, h, qb, &k)) continue;
+            int64_t i0 = k.i0, m = k.m, jlo = k.jlo, nk = k.nk;
+            const float *Q = k.Q, *O = k.O, *dO = k.dO, *lse = k.lse;
+            float *dQ = k.dQ;
             for (int64_t r0 = 0; r0 < m; r0 += ATT_SLAB) {
                 int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB, n = att_slab_keys(a, i0, r0, m, jlo, nk);
                 nb_simd.rows_qk(Q + r0 * qs, qs, ms, Kt + jlo, Tk, n, hd, a->scale, P + r0 * nk, nk);
@@ -532,21 +551,13 @@ static void att_bwd_unit(att_job *j, int64_t u, float *P) {
     memset(dKh, 0, sizeof(float) * (size_t)(a->Tk * hd));
     memset(dVh, 0, sizeof(float) * (size_t)(a->Tk * hd));
     for (int64_t qb = 0; qb < j->nqb; qb++) {
-        int64_t i0 = qb * ATT_BQ, i1 = i0 + ATT_BQ < a->Tq ? i0 + ATT_BQ : a->Tq, m = i1 - i0;
-        int64_t jlo, jhi;
-        att_key_range(a, i0, i1, &jlo, &jhi);
-        int64_t nk = jhi - jlo;
-        const float *Q = j->q + (b * a->Tq + i0) * qs + h * hd;
-        const float *O = j->o + (b * a->Tq + i0) * qs + h * hd;
-        const float *dO = j->dout + (b * a->Tq + i0) * qs + h * hd;
-        float *dQ = j->dq + (b * a->Tq + i0) * qs + h * hd;
-        if (nk <= 0) {
-            for (int64_t r = 0; r < m; r++) memset(dQ + r * qs, 0, sizeof(float) * (size_t)hd);
-            continue;
-        }
+        att_blk k;
+        if (!att_bwd_block(j, b, h, qb, &k)) continue;
+        int64_t i0 = k.i0, m = k.m, jlo = k.jlo, nk = k.nk;
+        const float *Q = k.Q, *O = k.O, *dO = k.dO, *lse = k.lse;
+        float *dQ = k.dQ;
         const float *K = j->k + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
         const float *V = j->v + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
-        const float *lse = j->lse_in + (b * a->H + h) * a->Tq + i0;
         gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, P, nk);
         gemm1(0, 1, m, nk, hd, 1.0f, dO, qs, V, ks, 0.0f, dP, nk);
         for (int64_t r = 0; r < m; r++) Dr[r] = nb_simd.dot(dO + r * qs, O + r * qs, hd);
