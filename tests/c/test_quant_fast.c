@@ -210,6 +210,15 @@ static void gen_row(float *x, int64_t n, int block, int row_kind, int t) {
     for (int64_t i = (n / block) * block; i < n; i++) x[i] = (float)nb_rng_normal(&RNG);
 }
 
+/* h/x = the 4096 bf16 patterns base .. base + 4095, Inf/NaN patterns replaced by a signed zero. */
+static void bf16_patterns(uint32_t base, uint16_t *h, float *x) {
+    for (int64_t i = 0; i < 4096; i++) {
+        uint16_t v = (uint16_t)(base + (uint32_t)i);
+        h[i] = (v & 0x7F80) == 0x7F80 ? (uint16_t)(v & 0x8000) : v;
+        x[i] = nb_bf16_to_f32(h[i]);
+    }
+}
+
 static float row_absmax(const float *x, int64_t n) {
     float m = 0.0f;
     for (int64_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
@@ -453,11 +462,7 @@ static void test_bf16_kernels(void) {
     }
     /* every bf16 pattern below the max through FP8 and MXFP8 (one row per 4096 patterns) */
     for (uint32_t base = 0; base < 0x10000; base += 4096) {
-        for (int64_t i = 0; i < 4096; i++) {
-            uint16_t v = (uint16_t)(base + (uint32_t)i);
-            h[i] = (v & 0x7F80) == 0x7F80 ? (uint16_t)(v & 0x8000) : v;
-            x[i] = nb_bf16_to_f32(h[i]);
-        }
+        bf16_patterns(base, h, x);
         memset(&a, 0, sizeof a);
         float amax = row_absmax(x, 4096);
         static const float scs[3] = {1.0f, 0.3f, 7.1e-3f};
@@ -525,11 +530,7 @@ static void test_bf16_kernels(void) {
         float dv = ldexpf((float)(1.0 + unif()), (int)(rnd32() % 181) - 90);
         if (trial == 0) dv = 1.0f;
         for (uint32_t base = 0; base < 0x10000; base += 4096) {
-            for (int64_t i = 0; i < 4096; i++) {
-                uint16_t v = (uint16_t)(base + (uint32_t)i);
-                h[i] = (v & 0x7F80) == 0x7F80 ? (uint16_t)(v & 0x8000) : v;
-                x[i] = nb_bf16_to_f32(h[i]);
-            }
+            bf16_patterns(base, h, x);
             memset(&a, 0, sizeof a);
             a.scale = dv;
             a.div_dtype = trial & 1 ? NB_BF16 : NB_F32;
