@@ -342,7 +342,10 @@ describe("Ctrl-C", function()
       .. "printf '%s\\r' " .. nbspec.quote('print("alive", x > 0) ' .. touch(ready2)) .. "; " .. wait_for(ready2)
       .. "printf 'half typed\\003'; sleep 0.3; "
       .. "printf 'nibble.tensor{1, 2}\\r'; sleep 0.3; printf '\\004'; sleep 0.5; }"
-    local cmd = ("%s | HOME=%s timeout 60 script -qfec %s /dev/null"):format(feed, nbspec.quote(home), nbspec.quote(nbspec.bin))
+    -- script(1) runs the command through $SHELL -c; dash (CI's /bin/sh) stays as the parent in the
+    -- terminal's process group and dies of the Ctrl-C, so exec the binary in its place.
+    local cmd = ("%s | HOME=%s SHELL=/bin/sh timeout 60 script -qfec %s /dev/null")
+      :format(feed, nbspec.quote(home), nbspec.quote("exec " .. nbspec.quote(nbspec.bin)))
     local out, err, code = nbspec.sh(cmd)
     assert.are.equal(0, code, err .. out)
     out = out:gsub("\r", "")
