@@ -116,6 +116,15 @@ static nb_pool *pool_new(int threads) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
+    /* Workers inherit a mask that blocks the host's asynchronous signals (SIGINT, SIGTERM, ...):
+     * a handler must run on a thread the host controls (one that can stop a blocking read or set a
+     * Lua hook), never on a pool worker. Faults (SEGV, BUS, FPE, ILL, TRAP, ABRT, SYS) stay open so
+     * crash handlers (ASan's included) still see them. */
+    sigset_t block, old;
+    sigfillset(&block);
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(&block, faults[i]);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
     for (int i = 0; i < threads - 1; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (!wa) break;
@@ -124,6 +133,7 @@ static nb_pool *pool_new(int threads) {
         if (pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) { free(wa); break; }
         p->n_workers++;
     }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     return p;
 }
 

@@ -110,7 +110,7 @@ local function check(s)
   end
   if C.nb_ctx_interrupted(c) ~= 0 then
     C.nb_ctx_clear_interrupt(c)
-    error("interrupted", user_level())
+    error("interrupted", 0)   -- as the host's Ctrl-C hook raises it; the traceback says where
   end
   return s
 end

@@ -1,6 +1,9 @@
 /* Context, buffers and tensor views: memory accounting, refcounts, views/slices/transposes,
  * conversions, packed (E2M1) offsets, mmap buffers, the thread pool and the RNG. */
 #include "nbtest.h"
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 static void test_ctx(nb_ctx *ctx) {
@@ -46,6 +49,35 @@ static void test_parallel(nb_ctx *ctx) {
     CHECK_EQ_INT(bad, 0);
     nb_parallel_for(ctx, 0, 1, fill_fn, &a);   /* empty range is a no-op */
     free(v);
+}
+
+/* Each chunk records whether its thread blocks SIGINT (pool workers must; the caller runs a chunk
+ * too and keeps its own mask). */
+typedef struct { int chunks, blocked; pthread_mutex_t mu; } mask_arg;
+static void mask_fn(void *varg, int64_t b, int64_t e) {
+    (void)b; (void)e;
+    mask_arg *a = varg;
+    sigset_t cur;
+    pthread_sigmask(SIG_BLOCK, NULL, &cur);
+    struct timespec ts = {0, 20 * 1000 * 1000};   /* let every worker take a chunk */
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&a->mu);
+    a->chunks++;
+    a->blocked += sigismember(&cur, SIGINT) == 1 && sigismember(&cur, SIGSEGV) == 0;
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void test_worker_signals(void) {
+    nb_ctx *c4 = NULL;
+    CHECK_EQ_INT(nb_ctx_new(4, &c4), NB_OK);
+    mask_arg a = {0, 0, PTHREAD_MUTEX_INITIALIZER};
+    nb_parallel_for(c4, 4, 1, mask_fn, &a);
+    CHECK_EQ_INT(a.chunks, 4);
+    CHECK_EQ_INT(a.blocked, 3);   /* three workers; the calling thread's mask is untouched */
+    sigset_t cur;
+    pthread_sigmask(SIG_BLOCK, NULL, &cur);
+    CHECK(!sigismember(&cur, SIGINT));
+    nb_ctx_release(c4);
 }
 
 static void test_tensors(nb_ctx *ctx) {
@@ -171,6 +203,7 @@ int main(void) {
     if (nb_ctx_new(2, &ctx) != NB_OK) return 1;
     test_ctx(ctx);
     test_parallel(ctx);
+    test_worker_signals();
     test_tensors(ctx);
     test_packed(ctx);
     test_mmap(ctx);
