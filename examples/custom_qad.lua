@@ -52,7 +52,7 @@ end
 local eval_tokens = tok:encode_tokens(io.open(eval_path, "rb"):read(400000))
 local function evaluate()
   local r = student_model:eval { tokens = eval_tokens, ctx = 256, chunks = 20, teacher = teacher }
-  return ("PPL %.4f  KLD %.5f  top-1 %.2f%%"):format(r.ppl, r.kld_mean, r.top1_agree)
+  return ("PPL %.4f  KLD %.5f  top-1 %.2f%%"):format(r.ppl, r.kld, r.top1)
 end
 print("PTQ:            " .. evaluate())
 

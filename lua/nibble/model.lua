@@ -12,7 +12,10 @@ Model.__index = Model
 
 local arch_names = { [0] = "llama", "mistral", "qwen2", "qwen3" }
 local arch_enum = { llama = 0, mistral = 1, qwen2 = 2, qwen3 = 3 }
-local kind_names = { [0] = "container", "embedding", "linear", "rmsnorm" }
+-- module kinds by nb_module_kind: the names recipe.resolve and modules_of use
+local kind_names = { [tonumber(C.NB_MODULE_CONTAINER)] = "container", [tonumber(C.NB_MODULE_EMBEDDING)] = "embedding",
+                     [tonumber(C.NB_MODULE_LINEAR)] = "linear", [tonumber(C.NB_MODULE_RMSNORM)] = "norm" }
+M.kind_names = kind_names
 local role_names = { [0] = "q", "k", "v", "o", "gate", "up", "down", "lm_head" }
 local format_names = { [0] = "memory", "hf", "gguf" }
 local rope_names = { [0] = "default", "linear", "llama3", "freq_factors" }
@@ -180,7 +183,7 @@ local function module_record(m, i)
 end
 
 -- modules([glob]): the modules (in HF named_modules order) whose name matches the glob ('*' also
--- crosses dots): { {name=, kind="linear"|"rmsnorm"|"embedding"|"container", index=, ...}, ... }.
+-- crosses dots): { {name=, kind="linear"|"norm"|"embedding"|"container", index=, ...}, ... }.
 -- Linear modules also carry in_features, out_features, layer, role, bias, tied, weight (param name).
 function Model:modules(glob)
   local p, out = ptr(self), {}
@@ -505,7 +508,8 @@ end
 -- eval{data = path or text, tokens = ids/nb_tokens, ctx = 512, chunks = N, batch =, teacher =
 -- model or path, bos = id}: perplexity with llama.cpp's llama-perplexity method; with a teacher also
 -- the mean KL(teacher || model) per token and the top-1 agreement in percent.
--- Returns {ppl, ppl_err, nll, tokens, chunks, kld_mean, top1_agree} (the last two nil without teacher).
+-- Returns {ppl, ppl_err, nll, tokens, chunks, kld, top1} (the last two nil without teacher; top1 in %; the
+-- names qad.evaluate and the QAD metrics use).
 function Model:eval(o)
   o = o or {}
   local toks = o.tokens
@@ -532,7 +536,7 @@ function Model:eval(o)
   check(C.nb_model_eval(nibble.context(), ptr(self), teacher and ptr(teacher) or nil, ids, n, eo, r))
   local _ = keep
   local res = { ppl = r.ppl, ppl_err = r.ppl_err, nll = r.nll, tokens = tonumber(r.tokens), chunks = tonumber(r.chunks) }
-  if teacher then res.kld_mean, res.top1_agree = r.kld_mean, r.top1_agree end
+  if teacher then res.kld, res.top1 = r.kld_mean, r.top1_agree end
   return res
 end
 

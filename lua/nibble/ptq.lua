@@ -51,16 +51,14 @@ function M.load_model(path)
   return { _p = ffi.gc(out[0], C.nb_model_free), path = path }
 end
 
-local kinds = { [tonumber(C.NB_MODULE_EMBEDDING)] = "embedding", [tonumber(C.NB_MODULE_LINEAR)] = "linear",
-                [tonumber(C.NB_MODULE_RMSNORM)] = "norm" }
 
 -- modules(model): what recipe.resolve needs, in model order: {name, kind, in_features, out_features, tied}.
 function M.modules(model)
   local m = qmodel.model_ptr(model)
   local out, info = {}, ffi.new("nb_linear_info")
   for i = 0, tonumber(C.nb_model_module_count(m)) - 1 do
-    local kind = kinds[tonumber(C.nb_model_module_kind(m, i))]
-    if kind then
+    local kind = require("nibble.model").kind_names[tonumber(C.nb_model_module_kind(m, i))]
+    if kind ~= "container" then
       local e = { name = ffi.string(C.nb_model_module_name(m, i)), kind = kind }
       if kind == "linear" then
         check(C.nb_model_linear_info(ctx(), m, i, info))

@@ -425,7 +425,7 @@ end
 function Q.evaluate(model, tokens, teacher, opts)
   opts = opts or {}
   local r = model:eval { tokens = tokens, ctx = opts.ctx or 512, chunks = opts.chunks, teacher = teacher }
-  return { ppl = r.ppl, kld = r.kld_mean, top1 = r.top1_agree, tokens = r.tokens, chunks = r.chunks }
+  return { ppl = r.ppl, kld = r.kld, top1 = r.top1, tokens = r.tokens, chunks = r.chunks }
 end
 
 -- table_text(rows): the eval table, rows {name, ppl, kld, top1}.

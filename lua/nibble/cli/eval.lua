@@ -4,7 +4,7 @@
 -- tokens; each chunk starts with BOS and only its second half is scored. With --teacher (same
 -- vocabulary) it also reports the mean KL(teacher || model) per token and the percentage of scored
 -- positions where both models' top-1 tokens agree. --json prints one JSON object:
--- {"ppl":..., "nll":..., "tokens":..., "kld_mean":..., "top1_agree":..., "ppl_err":..., "chunks":...}.
+-- {"ppl":..., "nll":..., "tokens":..., "kld":..., "top1":..., "ppl_err":..., "chunks":...}.
 -- An exported checkpoint runs as it ships: quantized activations (input scales) and an FP8 KV cache
 -- (k_scale / v_scale: keys and values fake-quantized to FP8 E4M3 with those scales, as vLLM's FP8 cache
 -- stores them) are applied and reported; --no-kv-quant keeps the KV cache in float.
@@ -62,14 +62,14 @@ return function(args)
                                     teacher = teacher })
   if not okr then return err(clean(r)) end
   if o.json then
-    io.stdout:write(('{"ppl": %s, "nll": %s, "tokens": %d, "kld_mean": %s, "top1_agree": %s, "ppl_err": %s, "chunks": %d}\n')
-      :format(num(r.ppl), num(r.nll), r.tokens, num(r.kld_mean), num(r.top1_agree), num(r.ppl_err), r.chunks))
+    io.stdout:write(('{"ppl": %s, "nll": %s, "tokens": %d, "kld": %s, "top1": %s, "ppl_err": %s, "chunks": %d}\n')
+      :format(num(r.ppl), num(r.nll), r.tokens, num(r.kld), num(r.top1), num(r.ppl_err), r.chunks))
   else
     io.stdout:write(("model:   %s\n"):format(tostring(m)))
     io.stdout:write(("data:    %s (%d chunks of %d tokens, %d scored)\n"):format(o.data, r.chunks, o.ctx or 512, r.tokens))
     io.stdout:write(("PPL = %.4f +/- %.5f   (mean NLL %.6f)\n"):format(r.ppl, r.ppl_err, r.nll))
     if teacher then
-      io.stdout:write(("KLD(teacher || model) = %.6f   top-1 agreement = %.3f%%\n"):format(r.kld_mean, r.top1_agree))
+      io.stdout:write(("KLD(teacher || model) = %.6f   top-1 agreement = %.3f%%\n"):format(r.kld, r.top1))
     end
     io.stdout:write(("(%.1f s CPU)\n"):format(os.clock() - t0))
   end
