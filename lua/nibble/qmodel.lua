@@ -36,7 +36,7 @@ local function qp(self)
 end
 
 -- formats by name: the quant helper's names plus the recipe spellings
-local format_alias = { none = 0, nvfp4 = C.NB_FMT_NVFP4, nvfp4_46 = C.NB_FMT_NVFP4_46,
+local format_alias = { none = 0, nvfp4 = C.NB_FMT_NVFP4, nvfp4_46 = C.NB_FMT_NVFP4_46, nvfp4_4o6 = C.NB_FMT_NVFP4_46,
                        four_over_six = C.NB_FMT_NVFP4_46, mxfp8 = C.NB_FMT_MXFP8, fp8 = C.NB_FMT_FP8_TENSOR,
                        fp8_tensor = C.NB_FMT_FP8_TENSOR, fp8_channel = C.NB_FMT_FP8_CHANNEL,
                        fp8_per_channel = C.NB_FMT_FP8_CHANNEL }

@@ -27,7 +27,8 @@ local function to_format(x)
   if type(x) == "number" and format_names[x] then return x end
   local f = type(x) == "string" and C.nb_qformat_from_name(x) or -1
   if f <= 0 then
-    fail(("unknown quantization format %s (one of %s, four_over_six)"):format(tostring(x), table.concat(Q.formats, ", ")))
+    fail(("unknown quantization format %s (one of %s; nvfp4_4o6 and four_over_six name nvfp4_46)")
+      :format(tostring(x), table.concat(Q.formats, ", ")))
   end
   return f
 end

@@ -22,6 +22,7 @@ end
 describe("nibble.quant formats", function()
   it("lists the traits table", function()
     assert.are.same({ "nvfp4", "nvfp4_46", "mxfp8", "fp8", "fp8_channel" }, nibble.quant.formats)
+    assert.are.equal("nvfp4_46", nibble.quant.info("nvfp4_4o6").name)   -- the recipe preset's spelling
     local i = nibble.quant.info("four_over_six")
     assert.are.equal("nvfp4", i.disk)
     assert.are.equal(16, i.block_size)

@@ -44,7 +44,8 @@ const nb_qformat_traits *nb_qformat_info(nb_qformat f) {
 
 int nb_qformat_from_name(const char *name) {
     if (!name) return -1;
-    if (strcmp(name, "four_over_six") == 0) return NB_FMT_NVFP4_46;
+    /* the recipe preset's and the calibration algorithm's spellings of four_over_six */
+    if (strcmp(name, "four_over_six") == 0 || strcmp(name, "nvfp4_4o6") == 0) return NB_FMT_NVFP4_46;
     for (int i = 0; i < NB_FMT_COUNT; i++)
         if (strcmp(TRAITS[i].name, name) == 0) return i;
     return -1;
