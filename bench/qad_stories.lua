@@ -10,6 +10,7 @@
 --       [clip=1] [beta1=0.9] [beta2=0.999] [eps=1e-8] [weight_decay=0] [temperature=1] [quick=1: QAD row only]
 --       [pack=0: one story per row] [eos=0|1: EOS after every story (default: as the tokenizer, none)]
 --       [dump=DIR: write the training rows and validation ids for bench/qad_stories_torch.py, then stop]
+--       [train_eval=1: also score PTQ and QAD on the training text (is the student short of data or of grid?)]
 local nibble = nibble or require("nibble")
 local qad, ptq = nibble.qad, nibble.ptq
 local S = os.getenv("NIBBLE_SHARED_DATA") or "../shared/data"
@@ -28,8 +29,11 @@ local tok = student:tokenizer()
 local ev = tok:encode_tokens(io.open(S .. "/text/tinystories_valid_head_776KiB.txt", "rb"):read("*a"))
 local eopts = { ctx = 512, chunks = n("chunks", 100) }
 local rows = {}
-local function row(name, model)
-  local e = qad.evaluate(model, ev, model ~= teacher and teacher or nil, eopts)
+-- (the training file separates stories with a literal <|endoftext|>, the validation file with blank lines)
+local tr_ids = arg.train_eval and tok:encode_tokens((io.open(S .. "/text/tinystories_train_head_2MiB.txt", "rb"):read("*a")
+  :gsub("%s*<|endoftext|>%s*", "\n\n")))
+local function row(name, model, ids)
+  local e = qad.evaluate(model, ids or ev, model ~= teacher and teacher or nil, eopts)
   rows[#rows + 1] = { name = name, ppl = e.ppl, kld = e.kld, top1 = e.top1 }
   io.stderr:write(("%-24s PPL %.4f  KLD %s  top-1 %s\n"):format(name, e.ppl, e.kld and ("%.5f"):format(e.kld) or "-",
     e.top1 and ("%.2f%%"):format(e.top1) or "-"))
@@ -69,10 +73,12 @@ for _, k in ipairs { "clip", "beta1", "beta2", "eps", "weight_decay", "temperatu
 end
 local run = qad.new { teacher = teacher, student = qm, loader = loader, config = config }
 if not arg.quick then row("PTQ (NVFP4 W4A16 max)", student) end
+if tr_ids then row("PTQ, on training text", student, tr_ids) end
 local mf = arg.metrics and io.open(arg.metrics, "wb")
 local tr = qad.train(run, { record = function(t) if mf then mf:write(qad.json_line(t), "\n") end end })
 if mf then mf:close() end
 row("QAD (trained scales)", student)
+if tr_ids then row("QAD, on training text", student, tr_ids) end
 if arg.quick then print(qad.table_text(rows)); return end
 qm:export(out)
 local rb = nibble.model.load(out)
