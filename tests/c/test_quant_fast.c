@@ -609,6 +609,54 @@ static void test_channel_next_rows(nb_ctx *ctx) {
     nb_tensor_release(x);
 }
 
+/* The threshold-table kernel's mixed groups: blocks whose divisor p is above 2^16 (a huge tensor
+ * amax), so their scale bytes are outside the table's run, in the same 16-block groups as blocks
+ * inside it; dynamic and static (block amax not from the data). The test also checks that such
+ * groups occurred. (p underflowing to 0 would also leave the run, but no finite amax reaches it
+ * with a nonzero block scale: the block amax / 6 underflows first.) */
+static void test_nv_table_mixed(void) {
+    const int64_t n = 4096, nb = n / 16;
+    float *x = malloc((size_t)n * 4), *bam = malloc((size_t)nb * 4);
+    uint16_t *h = malloc((size_t)n * 2);
+    uint8_t *q0 = malloc((size_t)n / 2), *q1 = malloc((size_t)n / 2), *s0 = malloc((size_t)nb), *s1 = malloc((size_t)nb);
+    int mixed_groups[2] = {0, 0};
+    for (int trial = 0; trial < 24; trial++) {
+        int stat = trial % 2;
+        float amax = ldexpf(1.0f, 19 + (int)(rnd32() % 11));
+        for (int64_t b = 0; b < nb; b++) {
+            float top = b == 0 ? amax : ldexpf(amax, -(int)(rnd32() % 14));
+            bam[b] = b == 0 ? amax : ldexpf(amax, -(int)(rnd32() % 24));
+            for (int i = 0; i < 16; i++) {
+                float v = i == 3 ? top : top * (float)(2.0 * unif() - 1.0);
+                if (rnd32() & 1) v = -v;
+                h[b * 16 + i] = nb_f32_to_bf16(v);
+                x[b * 16 + i] = nb_bf16_to_f32(h[b * 16 + i]);
+            }
+        }
+        nb_qrow_args a;
+        memset(&a, 0, sizeof a);
+        a.global_amax = amax;
+        a.scale = nb_nvfp4_scale2(amax, 448.0f);
+        if (stat) a.block_amax = bam;
+        nbq_nv_table_build(a.scale, &NVTAB);
+        nb_nvfp4_quantize_row_ref(x, n, &a, q0, s0);
+        memset(q1, 0, (size_t)n / 2);
+        CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4, h, n, &a, &NVTAB, q1, s1), 0);
+        CHECK_SAME("nvfp4 table mixed", q0, q1, n / 2, "%s amax %a s2 %a", stat ? "static" : "dynamic", (double)amax,
+                   (double)a.scale);
+        CHECK_SAME("nvfp4 table mixed", s0, s1, nb, "scales, amax %a", (double)amax);
+        for (int64_t g = 0; g < nb; g += 16) {
+            int in = 0;
+            for (int b = 0; b < 16; b++) in += NVTAB.ok[s0[g + b] & 0x7F];
+            mixed_groups[stat] += in > 0 && in < 16;
+        }
+    }
+    printf("nvfp4 table: groups mixing table and reference blocks: %d dynamic, %d static, of %d each\n",
+           mixed_groups[0], mixed_groups[1], 12 * (int)(nb / 16));
+    CHECK(mixed_groups[0] > 50 && mixed_groups[1] > 50);
+    free(x); free(bam); free(h); free(q0); free(q1); free(s0); free(s1);
+}
+
 /* NVFP4 on a BF16 tensor large enough (4M elements) for the driver's threshold table: dynamic,
  * static and four_over_six static, against the reference path; a NaN in it is still named. */
 static void test_nvfp4_table_driver(nb_ctx *ctx) {
@@ -814,6 +862,7 @@ int main(void) {
     test_drivers(ctx, "avx2");
     if (nbq_cpu_has_avx512()) {
         test_bf16_kernels();
+        test_nv_table_mixed();
         test_drivers(ctx, "avx512");
     } else {
         printf("no AVX-512 F/BW/VL/DQ on this CPU: the BF16 kernels were not run\n");

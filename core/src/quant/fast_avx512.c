@@ -9,7 +9,10 @@
  *  - E4M3 rounding of an f32 value goes through bf16 rounded to odd (7 >= 3 + 2 mantissa bits, so
  *    the second rounding to nearest-even equals the direct one).
  * Lanes in E4M3's subnormal range, bf16 subnormal inputs and tiny quotients take the reference path
- * too. Block maxima are a reduction tree over 16 blocks at once on the integer bf16 magnitudes. */
+ * too. Block maxima are a reduction tree over 16 blocks at once on the integer bf16 magnitudes.
+ * NVFP4 on large tensors skips the quotients altogether: a per-tensor threshold table built with the
+ * reference's own division (nbq_nv_table, fast_internal.h) gives each element's E2M1 code from three
+ * compares of its bf16 magnitude; scale bytes outside the table's range take the reference. */
 #include <math.h>
 #include <string.h>
 
@@ -30,6 +33,7 @@ void nbq_nv_table_build_range(float s2, nbq_nv_table *t, int sb_begin, int sb_en
     static const int up[7] = {0, 1, 0, 1, 0, 1, 0};
     for (int sb = sb_begin; sb < sb_end; sb++) {
         t->ok[sb] = 0;
+        memset(t->row[sb], 0, sizeof t->row[sb]);   /* read (and overwritten) by the mixed-group path */
         if (sb == 0 || sb >= 0x7F) continue;
         float f = nb_e4m3_to_f32((uint8_t)sb);
         float p = f * s2;   /* nvfp4.c's block_divisor */
@@ -42,12 +46,28 @@ void nbq_nv_table_build_range(float s2, nbq_nv_table *t, int sb_begin, int sb_en
                 if (nv_pred((uint16_t)mid, p, bounds[j], up[j])) hi = mid;
                 else lo = mid + 1;
             }
-            for (int k = 0; k < 16; k++) t->thr[sb][j][k] = (int16_t)((int32_t)lo - 1);
+            t->row[sb][j] = t->row[sb][8 + j] = (int16_t)((int32_t)lo - 1);
         }
     }
 }
 
-void nbq_nv_table_build(float s2, nbq_nv_table *t) { nbq_nv_table_build_range(s2, t, 0, 128); }
+void nbq_nv_table_finish(nbq_nv_table *t) {
+    int lo = 128, hi = -1;
+    for (int sb = 0; sb < 128; sb++)
+        if (t->ok[sb]) {
+            lo = sb < lo ? sb : lo;
+            hi = sb;
+        }
+    for (int sb = lo; sb <= hi; sb++)
+        if (!t->ok[sb]) lo = 128, hi = -1;   /* not one run: every block looks at ok[] itself */
+    t->ok_lo = lo;
+    t->ok_hi = hi;
+}
+
+void nbq_nv_table_build(float s2, nbq_nv_table *t) {
+    nbq_nv_table_build_range(s2, t, 0, 128);
+    nbq_nv_table_finish(t);
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -214,23 +234,6 @@ static void nv_pair_ref(const uint16_t *x, float p0, float p1, uint8_t *q) {
     }
 }
 
-/* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. norm 448 (NVFP4) or 256
- * (four_over_six, static only). *vmax collects the magnitudes seen (for the NaN/Inf check). */
-/* One block by thresholds (nbq_nv_table): 16 magnitudes against 7 replicated thresholds with
- * VEX compares (three ports, unlike AVX-512's mask compares), the count is the code, the sign comes
- * from x (8 where x < 0 and |x| > 0: a nonzero quotient is never -0 for p <= 2^16). */
-NB_AVX512 static inline void nv_block_tab(const uint16_t *xb, const int16_t *tp, uint8_t *qb) {
-    const __m256i xv = _mm256_loadu_si256((const __m256i *)xb);
-    const __m256i mag = _mm256_and_si256(xv, _mm256_set1_epi16(0x7FFF));
-    __m256i acc = _mm256_setzero_si256();
-    for (int j = 0; j < 7; j++)
-        acc = _mm256_sub_epi16(acc, _mm256_cmpgt_epi16(mag, _mm256_load_si256((const __m256i *)(tp + 16 * j))));
-    __m256i neg8 = _mm256_and_si256(_mm256_srli_epi16(xv, 12), _mm256_set1_epi16(8));
-    acc = _mm256_ternarylogic_epi32(acc, neg8, _mm256_cmpgt_epi16(mag, _mm256_setzero_si256()), 0xF8);
-    __m256i pairs = _mm256_or_si256(acc, _mm256_srli_epi32(acc, 12));   /* even | odd << 4 in each dword */
-    _mm_storel_epi64((__m128i *)qb, _mm256_cvtepi32_epi8(pairs));
-}
-
 /* One block with divisor p, the reference's arithmetic. */
 static void nv_block_ref(const uint16_t *x, float p, uint8_t *q) {
     for (int j = 0; j < 8; j++) {
@@ -239,8 +242,63 @@ static void nv_block_ref(const uint16_t *x, float p, uint8_t *q) {
     }
 }
 
+/* Index words for VPSHUFB: word j of a 16-byte lane is bytes 2j, 2j+1. */
+#define NV_W(j) (0x0100 + 0x0202 * (j))
+
+/* Constants of nv_pair_tab, held in registers across a row (GCC otherwise rebuilds them from
+ * general registers with port-5 broadcasts inside the loop). */
+typedef struct nv_tab_k {
+    __m512i m7fff, w3, w1, w5, w0, w4, w2d, one, two, four, eight, sgn, madd;
+} nv_tab_k;
+
+NB_AVX512 static inline void nv_tab_k_init(nv_tab_k *k) {
+    k->m7fff = i16(0x7FFF);
+    k->w3 = i16(NV_W(3)); k->w1 = i16(NV_W(1)); k->w5 = i16(NV_W(5));
+    k->w0 = i16(NV_W(0)); k->w4 = i16(NV_W(4)); k->w2d = i16(NV_W(2) - NV_W(0));
+    k->one = i16(1); k->two = i16(2); k->four = i16(4); k->eight = i16(8); k->sgn = i16(0x8000);
+    k->madd = i32v(0x00100001);
+}
+
+/* Packed bytes of two blocks, xb[0..15] with threshold row r0 and xb[16..31] with r1
+ * (nbq_nv_table.row: T_0-1 .. T_6-1, twice). The code is the count of boundaries passed, by a
+ * binary search over the monotone thresholds: T_3, then T_1 or T_5, then T_0/T_2/T_4/T_6; each row
+ * sits in both 128-bit lanes of its block, so one in-lane shuffle picks every lane's threshold.
+ * AVX-512 mask compares (port 5), not VEX ones: with 512-bit work in flight, port 1 is fused into
+ * port 0 for vectors, so 256-bit compares would share one port with everything else. 3 compares
+ * and 3 shuffles per 32 elements, where counting against all 7 thresholds took 7 compares per 16. */
+NB_AVX512 static inline __m128i nv_pair_tab(const uint16_t *xb, const int16_t *r0, const int16_t *r1, const nv_tab_k *k) {
+    const __m512i xv = _mm512_loadu_si512((const void *)xb);
+    const __m512i mag = _mm512_and_si512(xv, k->m7fff);
+    const __m512i R = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)),
+                                         _mm256_loadu_si256((const __m256i *)r1), 1);
+    __mmask32 k3 = _mm512_cmpgt_epu16_mask(mag, _mm512_shuffle_epi8(R, k->w3));
+    __mmask32 k2 = _mm512_cmpgt_epu16_mask(mag, _mm512_shuffle_epi8(R, _mm512_mask_blend_epi16(k3, k->w1, k->w5)));
+    __m512i j3 = _mm512_mask_blend_epi16(k3, k->w0, k->w4);
+    j3 = _mm512_mask_add_epi16(j3, k2, j3, k->w2d);
+    __mmask32 k1 = _mm512_cmpgt_epu16_mask(mag, _mm512_shuffle_epi8(R, j3));
+    __mmask32 kn = _mm512_cmpgt_epu16_mask(xv, k->sgn);   /* x > 0x8000 unsigned: x < 0 and |x| > 0 */
+    __m512i code = _mm512_maskz_mov_epi16(kn, k->eight);
+    code = _mm512_mask_add_epi16(code, k3, code, k->four);
+    code = _mm512_mask_add_epi16(code, k2, code, k->two);
+    code = _mm512_mask_add_epi16(code, k1, code, k->one);
+    return _mm512_cvtepi32_epi8(_mm512_madd_epi16(code, k->madd));   /* even + 16 * odd */
+}
+
+/* Scale bytes (dword lanes) of blocks g..g+15 with maxima bam: nb_nvfp4_block_scale_dynamic, or
+ * nb_nvfp4_block_scale_static from a->block_amax (r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6). */
+NB_AVX512 static inline __m512i nv_scales16(__m512 bam, const nb_qrow_args *a, int64_t g, float norm, __m512 d6) {
+    if (a->block_amax) {
+        __m512 pbs = zero_to_one16(_mm512_div_ps(_mm512_loadu_ps(a->block_amax + g), _mm512_set1_ps(6.0f)));
+        __m512 r = _mm512_mul_ps(pbs, _mm512_set1_ps(norm));
+        return scale_e4m3_16(_mm512_div_ps(r, _mm512_set1_ps(a->global_amax / 6.0f)));
+    }
+    return scale_e4m3_16(zero_to_one16(_mm512_div_ps(bam, d6)));
+}
+
+/* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. norm 448 (NVFP4) or 256
+ * (four_over_six, static only). *vmax collects the magnitudes seen (for the NaN/Inf check). */
 NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, float norm, uint8_t *q,
-                                      uint8_t *s, __m512i *vmax, const nbq_nv_table *tab) {
+                                      uint8_t *s, __m512i *vmax) {
     const int64_t nb = (n / NB_NVFP4_BLOCK) & ~(int64_t)15;
     const __m512 s2 = _mm512_set1_ps(a->scale);
     const __m512 d6 = _mm512_set1_ps(6.0f * a->scale);
@@ -250,31 +308,15 @@ NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qro
         const uint16_t *xg = x + g * NB_NVFP4_BLOCK;
         __m512i v[8];
         for (int i = 0; i < 8; i++) v[i] = _mm512_loadu_si512((const void *)(xg + 32 * i));
-        __m512i sb, t[8];
+        __m512i t[8];
         for (int i = 0; i < 8; i++) {
             t[i] = _mm512_and_si512(v[i], i16(0x7FFF));
             *vmax = _mm512_max_epu16(*vmax, t[i]);
         }
         const __m512 bam = tree16(t);
-        if (a->block_amax) {
-            /* nb_nvfp4_block_scale_static: r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6 */
-            __m512 pbs = zero_to_one16(_mm512_div_ps(_mm512_loadu_ps(a->block_amax + g), _mm512_set1_ps(6.0f)));
-            __m512 r = _mm512_mul_ps(pbs, _mm512_set1_ps(norm));
-            sb = scale_e4m3_16(_mm512_div_ps(r, _mm512_set1_ps(a->global_amax / 6.0f)));
-        } else {
-            sb = scale_e4m3_16(zero_to_one16(_mm512_div_ps(bam, d6)));
-        }
+        const __m512i sb = nv_scales16(bam, a, g, norm, d6);
         __m512 p = _mm512_mul_ps(e4m3_dec16(sb), s2);
         _mm_storeu_si128((__m128i *)(s + g), _mm512_cvtepi32_epi8(sb));
-        if (tab) {
-            _mm512_storeu_ps(pa, p);
-            for (int b = 0; b < 16; b++) {
-                uint8_t sbb = s[g + b];
-                if (tab->ok[sbb & 0x7F] && !(sbb & 0x80)) nv_block_tab(xg + 16 * b, tab->thr[sbb][0], q + (g + b) * 8);
-                else nv_block_ref(xg + 16 * b, pa[b], q + (g + b) * 8);
-            }
-            continue;
-        }
         __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), p);
         /* div_markstein's conditions: p in [2^-90, 256] (then a nonzero bf16 quotient is far from 0 too),
          * and no quotient near overflow (a clamped block scale can leave max|x| / p huge) */
@@ -297,6 +339,65 @@ NB_AVX512 static int64_t nv_groups512(const uint16_t *x, int64_t n, const nb_qro
             _mm_storeu_si128((__m128i *)(qg + 16 * i), _mm512_cvtepi32_epi8(bytes));
         }
     }
+    return nb;
+}
+
+/* A group with some scale byte outside the table's run: the pairs by nv_pair_tab (with a blank row
+ * for such blocks), then those blocks again by the reference. Rare: out of line. */
+NB_AVX512 __attribute__((noinline)) static void nv_group_tab_mixed(const uint16_t *xg, const uint8_t *sg, float s2,
+                                                                  const nbq_nv_table *tab, uint8_t *qg) {
+    nv_tab_k tk;
+    nv_tab_k_init(&tk);
+    for (int b = 0; b < 16; b += 2)
+        _mm_storeu_si128((__m128i *)(qg + 8 * b), nv_pair_tab(xg + 16 * b, tab->row[sg[b] & 0x7F], tab->row[sg[b + 1] & 0x7F], &tk));
+    for (int b = 0; b < 16; b++)
+        if (!tab->ok[sg[b] & 0x7F] || (sg[b] & 0x80)) nv_block_ref(xg + 16 * b, nb_e4m3_to_f32(sg[b]) * s2, qg + 8 * b);
+}
+
+/* Scale bytes of the 16 blocks at xg (stored at sg) for nv_tab_groups512; returns whether all are
+ * in the table's run. */
+NB_AVX512 static inline int nv_tab_scales(const uint16_t *xg, const nb_qrow_args *a, int64_t g, float norm, __m512 d6,
+                                          __m512i m7fff, __m512i lo, __m512i hi, __m512i *vm, uint8_t *sg) {
+    __m512i t[8];
+    for (int i = 0; i < 8; i++) {
+        t[i] = _mm512_and_si512(_mm512_loadu_si512((const void *)(xg + 32 * i)), m7fff);
+        *vm = _mm512_max_epu16(*vm, t[i]);
+    }
+    const __m512i sb = nv_scales16(tree16(t), a, g, norm, d6);
+    _mm_storeu_si128((__m128i *)sg, _mm512_cvtepi32_epi8(sb));
+    return (_mm512_cmpge_epi32_mask(sb, lo) & _mm512_cmple_epi32_mask(sb, hi)) == 0xFFFF;
+}
+
+/* nv_groups512 with the threshold table: the codes by nv_pair_tab, two blocks per step, when every
+ * scale byte of the group is in the table's run (one test). Software-pipelined: group g+1's maxima
+ * and scale bytes are computed before group g's codes, so the codes' row loads read scale bytes
+ * stored an iteration earlier instead of waiting on the scale chain and its store. */
+NB_AVX512 static int64_t nv_tab_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, float norm, uint8_t *q,
+                                          uint8_t *s, __m512i *vmax, const nbq_nv_table *tab) {
+    const int64_t nb = (n / NB_NVFP4_BLOCK) & ~(int64_t)15;
+    if (nb == 0) return 0;
+    const __m512 d6 = _mm512_set1_ps(6.0f * a->scale);
+    __m512i lo = i32v(tab->ok_lo), hi = i32v(tab->ok_hi), m7fff = i16(0x7FFF);
+    nv_tab_k tk;
+    nv_tab_k_init(&tk);
+    /* keep the constants in registers: GCC would rebuild them from general registers each group */
+    __asm__("" : "+v"(tk.m7fff), "+v"(tk.w3), "+v"(tk.w1), "+v"(tk.w5), "+v"(tk.w0), "+v"(tk.w4), "+v"(tk.w2d));
+    __asm__("" : "+v"(tk.one), "+v"(tk.two), "+v"(tk.four), "+v"(tk.eight), "+v"(tk.sgn), "+v"(tk.madd));
+    __asm__("" : "+v"(lo), "+v"(hi), "+v"(m7fff));
+    __m512i vm = *vmax;
+    int ok = nv_tab_scales(x, a, 0, norm, d6, m7fff, lo, hi, &vm, s);
+    for (int64_t g = 0; g < nb; g += 16) {
+        const uint16_t *xg = x + g * NB_NVFP4_BLOCK;
+        const uint8_t *sg = s + g;
+        uint8_t *qg = q + g * 8;
+        int ok_next = g + 16 < nb && nv_tab_scales(xg + 256, a, g + 16, norm, d6, m7fff, lo, hi, &vm, s + g + 16);
+        if (!ok) nv_group_tab_mixed(xg, sg, a->scale, tab, qg);
+        else
+            for (int b = 0; b < 16; b += 2)
+                _mm_storeu_si128((__m128i *)(qg + 8 * b), nv_pair_tab(xg + 16 * b, tab->row[sg[b]], tab->row[sg[b + 1]], &tk));
+        ok = ok_next;
+    }
+    *vmax = vm;
     return nb;
 }
 
@@ -529,7 +630,8 @@ NB_AVX512 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64
     if (f == NB_FMT_NVFP4_46 && !a->block_amax) return 1;   /* the per-block pick: the f32 row */
     float tail[512];
     __m512i vmax = _mm512_setzero_si512();
-    int64_t g = nv_groups512(x, n, a, f == NB_FMT_NVFP4 ? 448.0f : 256.0f, q, s, &vmax, tab);
+    const float norm = f == NB_FMT_NVFP4 ? 448.0f : 256.0f;
+    int64_t g = tab ? nv_tab_groups512(x, n, a, norm, q, s, &vmax, tab) : nv_groups512(x, n, a, norm, q, s, &vmax);
     int64_t rest = n - g * NB_NVFP4_BLOCK;
     if (rest > 0) {
         nb_qrow_args t = *a;

@@ -73,16 +73,21 @@ int nbq_avx512_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_arg
  * takes one of 126 values, and an element's E2M1 code is the number of boundaries its bf16 magnitude
  * reaches: code = #{j : |x| >= T_j(sb)}, T_j(sb) the smallest bf16 magnitude whose quotient
  * f32(|x| / p) passes boundary j (0.25, 1.25, 2.5, 5 when above; 0.75, 1.75, 3.5 when at or above).
- * The table holds T_j - 1 replicated over 16 lanes (for a greater-than compare) per scale byte;
+ * The T_j rise with j, so the count is found by a binary search of three greater-than compares.
+ * row[sb] holds T_j - 1 for j = 0..6 (word 7 unused), twice: one copy per 128-bit lane of a block.
  * ok[sb] = 0 where p is not finite and positive or above 2^16 (those blocks take the reference). */
 typedef struct nbq_nv_table {
-    int16_t thr[128][7][16];
+    _Alignas(32) int16_t row[128][16];
     uint8_t ok[128];
+    int32_t ok_lo, ok_hi;   /* set by nbq_nv_table_finish: ok[sb] for all sb in [ok_lo, ok_hi] (may be empty) */
 } nbq_nv_table;
 /* Fill t for weight_scale_2 s2 by binary search with the reference's own division (126 x 7 searches,
- * ~70 us; the range form fills scale bytes [sb_begin, sb_end) so a driver can split it over threads). */
+ * ~70 us; the range form fills scale bytes [sb_begin, sb_end) so a driver can split it over threads,
+ * then calls nbq_nv_table_finish once). */
 void nbq_nv_table_build(float s2, nbq_nv_table *t);
 void nbq_nv_table_build_range(float s2, nbq_nv_table *t, int sb_begin, int sb_end);
+/* After the ranges: the run of usable scale bytes, so a kernel checks 16 blocks with one compare. */
+void nbq_nv_table_finish(nbq_nv_table *t);
 /* nbq_avx512_quantize_bf16 for NVFP4 / static NVFP4_46 rows with a table built for a->scale. */
 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
                                 const nbq_nv_table *tab, uint8_t *q, uint8_t *s);
