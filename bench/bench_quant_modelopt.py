@@ -6,7 +6,8 @@ prints one line per format: `modelopt <format> <median ms>`. Formats and the Mod
   nvfp4_46       four_over_six export: static block scales at 256 from a per-block amax
                  (_cast_per_block_scale_to_fp8) + NVFP4QTensor.quantize(w, 16, scales, s2)
   mxfp8          MXFP8QTensor.quantize(w)
-  fp8            FP8QTensor.quantize(w)                      (per tensor)
+  fp8            FP8QTensor.quantize(w)                      (per tensor, amax from the data)
+  fp8_cal        FP8QTensor.quantize(w, amax / 448)          (per tensor, calibrated amax: the export path)
   fp8_channel    FP8QTensor.quantize(w, axis=0)              (per output row)
 Run by bench/bench_quant_modelopt.sh with /root/nbvenv/bin/python; torch threads = --threads.
 """
@@ -43,18 +44,20 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="/tmp/nibble_bench_w_bf16.bin", help="raw bf16 tensor written here")
-    ap.add_argument("--formats", default="nvfp4,nvfp4_46,mxfp8,fp8,fp8_channel")
+    ap.add_argument("--formats", default="nvfp4,nvfp4_46,mxfp8,fp8,fp8_cal,fp8_channel")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1234)
     w = (torch.randn(4096, 4096) * 0.02).to(torch.bfloat16)
     w.view(torch.int16).numpy().tofile(args.out)
     bam = block_amax_46(w)
+    s8 = w.float().abs().amax() / 448.0   # what max calibration stores (0-d f32, as the exporter passes it)
     calls = {
         "nvfp4": lambda: NVFP4QTensor.quantize(w, 16),
         "nvfp4_46": lambda: nvfp4_46(w, bam),
         "mxfp8": lambda: MXFP8QTensor.quantize(w),
         "fp8": lambda: FP8QTensor.quantize(w),
+        "fp8_cal": lambda: FP8QTensor.quantize(w, s8),
         "fp8_channel": lambda: FP8QTensor.quantize(w, axis=0),
     }
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, tensor {tuple(w.shape)} {w.dtype} -> {args.out}")

@@ -24,7 +24,7 @@ echo "# load average before: $load0, after: $load1 (both sides share the machine
 echo "$nb" | head -2
 echo
 printf '%-14s %14s %14s %10s\n' format "modelopt ms" "nibble ms" speedup
-for f in nvfp4 nvfp4_46 mxfp8 fp8 fp8_channel; do
+for f in nvfp4 nvfp4_46 mxfp8 fp8 fp8_cal fp8_channel; do
   m=$(echo "$mo" | awk -v f="$f" '$1 == "modelopt" && $2 == f {print $3}')
   # nibble's fastest path on this CPU (avx512, else avx2, else the reference), nb_quantize allocating its
   # output each call ("new"), as ModelOpt's calls do
