@@ -1,9 +1,11 @@
 /* A tiny test harness for nibble's C unit tests: CHECK macros that count and report failures,
- * a shared-data path helper that skips (exit 77) when ../shared/data is absent. */
+ * a shared-data path helper that skips (exit 77) when ../shared/data is absent, and the small
+ * helpers bit-exact tests share (float bits, a seeded RNG, byte comparison with CHECK_SAME). */
 #ifndef NBTEST_H
 #define NBTEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,5 +83,29 @@ static inline void *nbt_slurp(const char *path, size_t *n) {
     if (n) *n = (size_t)sz;
     return b;
 }
+
+/* A float's bits and back (memcpy: no aliasing games), for bit-exact checks. */
+static inline uint32_t nbt_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float nbt_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* One RNG for a test's random inputs (seed it in main with nb_rng_seed(&nbt_rng, ...)), so a failure
+ * reproduces from the seed alone. */
+static nb_rng nbt_rng;
+static inline uint32_t nbt_rnd32(void) { return (uint32_t)nb_rng_next(&nbt_rng); }
+static inline double nbt_unif(void) { return nb_rng_uniform(&nbt_rng); }
+
+/* First differing byte of two buffers, or -1. */
+static inline int64_t nbt_first_diff(const void *a, const void *b, int64_t nbytes) {
+    const uint8_t *p = a, *q = b;
+    for (int64_t i = 0; i < nbytes; i++)
+        if (p[i] != q[i]) return i;
+    return -1;
+}
+
+/* Two buffers that must hold the same bytes: names the first differing byte, then the caller's
+ * printf-style description of the case. */
+#define CHECK_SAME(what, a, b, nbytes, ...) do { int64_t _d = nbt_first_diff((a), (b), (nbytes)); nbt_checks++; \
+    if (_d >= 0) { nbt_failures++; fprintf(stderr, "%s:%d: %s differs at byte %lld: ", __FILE__, __LINE__, (what), \
+    (long long)_d); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 #endif

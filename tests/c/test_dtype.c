@@ -3,9 +3,6 @@
 #include "nbtest.h"
 #include <stdint.h>
 
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
 /* Independent reference: nearest representable value by search, ties to the even code. */
 static uint8_t brute_e4m3(float x) {
     if (isnan(x)) return 0x7F;
@@ -21,11 +18,11 @@ static uint8_t brute_e4m3(float x) {
 }
 
 static uint16_t brute_bf16(float x) {
-    uint32_t u = f2u(x);
+    uint32_t u = nbt_f2u(x);
     uint32_t lo = u & 0xFFFF0000u, hi = lo + 0x10000u;
     /* the step past the largest finite bf16 is 2^128 (IEEE overflow rounds to inf) */
-    double vh = ((hi & 0x7F800000u) == 0x7F800000u) ? copysign(ldexp(1, 128), x) : (double)u2f(hi);
-    double dl = fabs((double)u2f(lo) - x), dh = fabs(vh - x);
+    double vh = ((hi & 0x7F800000u) == 0x7F800000u) ? copysign(ldexp(1, 128), x) : (double)nbt_u2f(hi);
+    double dl = fabs((double)nbt_u2f(lo) - x), dh = fabs(vh - x);
     if (dl < dh) return (uint16_t)(lo >> 16);
     if (dh < dl) return (uint16_t)(hi >> 16);
     return (uint16_t)((((lo >> 16) & 1) ? hi : lo) >> 16);
@@ -52,7 +49,7 @@ static void test_tv7(void) {
     CHECK_EQ_INT(nb_f32_to_bf16(-NAN), 0x7FC0);
     CHECK_EQ_INT(nb_f32_to_bf16(INFINITY), 0x7F80);
     /* TV6 building blocks: bf16 of the FP8 per-tensor scale 3/448 */
-    CHECK_EQ_INT(f2u(3.0f / 448.0f), 0x3BDB6DB7);
+    CHECK_EQ_INT(nbt_f2u(3.0f / 448.0f), 0x3BDB6DB7);
     CHECK_EQ_INT(nb_f32_to_bf16(3.0f / 448.0f), 0x3BDB);
     /* F16 spot values */
     CHECK_EQ_INT(nb_f32_to_f16(1.0f), 0x3C00);
@@ -135,7 +132,7 @@ static void test_brute_force(void) {
         float x = (float)ldexp(nb_rng_uniform(&r) * 2 - 1, (int)(nb_rng_next(&r) % 30) - 14);
         if (nb_f32_to_e4m3_raw(x) != brute_e4m3(x)) bad++;
         uint32_t u = (uint32_t)nb_rng_next(&r);
-        float y = u2f(u);
+        float y = nbt_u2f(u);
         if (!isnan(y) && !isinf(y) && nb_f32_to_bf16(y) != brute_bf16(y)) bad_bf++;
     }
     /* exact midpoints between neighbouring e4m3 values: ties must go to the even code */

@@ -8,24 +8,6 @@
 #include "nibble/quant_cuda.h"
 #include "quant/quant_internal.h"
 
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-static nb_rng RNG;
-static uint32_t rnd32(void) { return (uint32_t)nb_rng_next(&RNG); }
-static double unif(void) { return nb_rng_uniform(&RNG); }
-
-static int64_t first_diff(const void *a, const void *b, int64_t nbytes) {
-    const uint8_t *p = a, *q = b;
-    for (int64_t i = 0; i < nbytes; i++)
-        if (p[i] != q[i]) return i;
-    return -1;
-}
-
-#define CHECK_SAME(what, a, b, nbytes, ...) do { int64_t _d = first_diff((a), (b), (nbytes)); nbt_checks++; \
-    if (_d >= 0) { nbt_failures++; fprintf(stderr, "%s:%d: %s differs at byte %lld: ", __FILE__, __LINE__, (what), \
-    (long long)_d); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
-
 /* ---- without a device ------------------------------------------------------------------------------ */
 
 static int no_device(nb_ctx *ctx) {
@@ -51,31 +33,31 @@ static int no_device(nb_ctx *ctx) {
 enum { KINDS = 11 };
 
 static void gen_block(float *x, int len, int kind, int t) {
-    double sc = ldexp(1.0, (int)(unif() * 60) - 30);
+    double sc = ldexp(1.0, (int)(nbt_unif() * 60) - 30);
     for (int i = 0; i < len; i++) {
         double v;
         switch (kind) {
-        case 0: v = nb_rng_normal(&RNG) * sc; break;
+        case 0: v = nb_rng_normal(&nbt_rng) * sc; break;
         case 1: v = 0.0; break;
-        case 2: v = (i & 1) ? -0.0 : -(double)ldexpf(1.0f, -149) * (rnd32() % 4); break;
-        case 3: v = ldexp((double)((int)(rnd32() % 49) - 24) * 0.25, t); break;
-        case 4: v = nb_rng_normal(&RNG) * 1e30; break;
-        case 5: v = nb_rng_normal(&RNG) * 1e-39; break;
-        case 6: v = nb_rng_normal(&RNG) * 1e-20; break;
-        case 7: v = (double)u2f(rnd32() & 0x807FFFFFu); break;
-        case 8: v = (double)nb_e4m3_to_f32((uint8_t)(rnd32() % 0x7E)) * ((rnd32() & 1) ? 1.5 : 1.0) *
-                    ((rnd32() & 1) ? -1 : 1) * ldexp(1.0, (int)(rnd32() % 8) - 4); break;
-        case 9: v = (double)u2f((rnd32() & 0x80000000u) | (rnd32() % 0x7F7FFFFFu)); break;
-        default: v = (double)(int)(rnd32() % 13 - 6) * sc; break;
+        case 2: v = (i & 1) ? -0.0 : -(double)ldexpf(1.0f, -149) * (nbt_rnd32() % 4); break;
+        case 3: v = ldexp((double)((int)(nbt_rnd32() % 49) - 24) * 0.25, t); break;
+        case 4: v = nb_rng_normal(&nbt_rng) * 1e30; break;
+        case 5: v = nb_rng_normal(&nbt_rng) * 1e-39; break;
+        case 6: v = nb_rng_normal(&nbt_rng) * 1e-20; break;
+        case 7: v = (double)nbt_u2f(nbt_rnd32() & 0x807FFFFFu); break;
+        case 8: v = (double)nb_e4m3_to_f32((uint8_t)(nbt_rnd32() % 0x7E)) * ((nbt_rnd32() & 1) ? 1.5 : 1.0) *
+                    ((nbt_rnd32() & 1) ? -1 : 1) * ldexp(1.0, (int)(nbt_rnd32() % 8) - 4); break;
+        case 9: v = (double)nbt_u2f((nbt_rnd32() & 0x80000000u) | (nbt_rnd32() % 0x7F7FFFFFu)); break;
+        default: v = (double)(int)(nbt_rnd32() % 13 - 6) * sc; break;
         }
         x[i] = (float)v;
     }
-    if (kind == 3) x[rnd32() % (unsigned)len] = (float)ldexp(6.0, t);
+    if (kind == 3) x[nbt_rnd32() % (unsigned)len] = (float)ldexp(6.0, t);
 }
 
 /* rows x n floats; 16-bit input dtypes are representable exactly by storing and reloading */
 static void gen(float *x, int64_t rows, int64_t n, int block, nb_dtype xdt, int t) {
-    for (int64_t b = 0; b < rows * n / block; b++) gen_block(x + b * block, block, (int)(rnd32() % KINDS), t);
+    for (int64_t b = 0; b < rows * n / block; b++) gen_block(x + b * block, block, (int)(nbt_rnd32() % KINDS), t);
     for (int64_t i = 0; i < rows * n; i++) {
         if (xdt == NB_F16 && !(fabsf(x[i]) <= 65504.0f)) x[i] = 1.0f;
         if (xdt == NB_BF16 && !(fabsf(x[i]) <= 3.38e38f)) x[i] = 1.0f;
@@ -124,8 +106,8 @@ static void run_case(nb_ctx *ctx, nb_qformat f, const float *xf, int64_t rows, i
     /* dequantize: the quantized bytes, then arbitrary bytes (NaN scale codes, E8M0 255, every code) */
     for (int pass = 0; pass < 2; pass++) {
         if (pass) {
-            for (int64_t i = 0; i < rows * qrow; i++) q0[i] = (uint8_t)rnd32();
-            for (int64_t i = 0; i < rows * srow; i++) s0[i] = (uint8_t)rnd32();
+            for (int64_t i = 0; i < rows * qrow; i++) q0[i] = (uint8_t)nbt_rnd32();
+            for (int64_t i = 0; i < rows * srow; i++) s0[i] = (uint8_t)nbt_rnd32();
         }
         for (int64_t r = 0; r < rows; r++) {
             nb_qrow_args a;
@@ -157,7 +139,7 @@ static void test_formats(nb_ctx *ctx) {
     float *x = malloc((size_t)(rows * n) * 4), *bam = malloc((size_t)(rows * n / 16) * 4), *rs = malloc((size_t)rows * 4);
     for (int trial = 0; trial < 36; trial++) {
         nb_dtype xdt = dts[trial % 3], ydt = dts[(trial / 3) % 3];
-        int t = (int)(rnd32() % 30) - 15, mode = trial % 4;
+        int t = (int)(nbt_rnd32() % 30) - 15, mode = trial % 4;
         gen(x, rows, n, 16, xdt, t);
         if (xdt != NB_F32) {   /* what the kernels will see */
             void *tmp = malloc((size_t)(rows * n) * 2);
@@ -171,13 +153,13 @@ static void test_formats(nb_ctx *ctx) {
         nb_cuda_qargs_init(&a);
         a.global_amax = amax;
         a.scale = mode == 0 ? nb_nvfp4_scale2(amax, 448.0f) : mode == 1 ? ldexpf(1.0f, t)
-                : mode == 2 ? ((trial & 4) ? 0.0f : u2f(rnd32() & 0x7FFFFFu)) : (float)unif() * 4.0f;
+                : mode == 2 ? ((trial & 4) ? 0.0f : nbt_u2f(nbt_rnd32() & 0x7FFFFFu)) : (float)nbt_unif() * 4.0f;
         run_case(ctx, NB_FMT_NVFP4, x, rows, n, xdt, ydt, &a, "nvfp4 dynamic");
         /* static: calibrated block amax (as is, x1.5, 0, arbitrary) */
         for (int64_t b = 0; b < rows * n / 16; b++) {
             float m = absmax(x + b * 16, 16);
-            int r = (int)(rnd32() % 4);
-            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(unif() * 4.0);
+            int r = (int)(nbt_rnd32() % 4);
+            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(nbt_unif() * 4.0);
         }
         a.block_amax = bam;
         a.global_amax = mode == 1 ? ldexpf(2688.0f, t) : absmax(bam, rows * n / 16) + 1e-30f;
@@ -188,7 +170,7 @@ static void test_formats(nb_ctx *ctx) {
         run_case(ctx, NB_FMT_NVFP4_46, x, rows, n, xdt, ydt, &a, "four_over_six static");
         a.block_amax = NULL;
         a.global_amax = mode == 1 ? ldexpf(1536.0f, t) : amax + 1e-30f;
-        a.scale = mode == 3 ? (float)unif() * 3.0f : nb_nvfp4_scale2(a.global_amax, 256.0f);
+        a.scale = mode == 3 ? (float)nbt_unif() * 3.0f : nb_nvfp4_scale2(a.global_amax, 256.0f);
         run_case(ctx, NB_FMT_NVFP4_46, x, rows, n, xdt, ydt, &a, "four_over_six pick");
         /* MXFP8 ceil and floor */
         nb_cuda_qargs_init(&a);
@@ -219,9 +201,9 @@ static void test_mx_edges(nb_ctx *ctx) {
     int64_t b = 0;
     for (int k = kmin; k <= kmax; k++)
         for (int j = -16; j < per - 16; j++, b++) {
-            float amax = u2f(f2u(ldexpf(448.0f, k)) + (uint32_t)j);
+            float amax = nbt_u2f(nbt_f2u(ldexpf(448.0f, k)) + (uint32_t)j);
             x[b * 32] = (j & 1) ? -amax : amax;
-            for (int i = 1; i < 32; i++) x[b * 32 + i] = amax * (float)unif();
+            for (int i = 1; i < 32; i++) x[b * 32 + i] = amax * (float)nbt_unif();
         }
     nb_cuda_qargs a;
     for (int fl = 0; fl < 2; fl++) {
@@ -252,7 +234,7 @@ int main(void) {
     CHECK_OK(ctx, nb_ctx_new(2, &ctx));
     if (nb_cuda_device_count() == 0) return no_device(ctx);
     printf("CUDA devices: %d\n", nb_cuda_device_count());
-    nb_rng_seed(&RNG, 0xc0dac0daULL);
+    nb_rng_seed(&nbt_rng, 0xc0dac0daULL);
     test_errors(ctx);
     test_mx_edges(ctx);
     test_formats(ctx);

@@ -11,25 +11,6 @@
 #include "nibble/quant_fast.h"
 #include "quant/fast_internal.h"
 
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-static nb_rng RNG;
-static uint32_t rnd32(void) { return (uint32_t)nb_rng_next(&RNG); }
-static double unif(void) { return nb_rng_uniform(&RNG); }
-
-/* First differing byte, or -1. */
-static int64_t first_diff(const void *a, const void *b, int64_t nbytes) {
-    const uint8_t *p = a, *q = b;
-    for (int64_t i = 0; i < nbytes; i++)
-        if (p[i] != q[i]) return i;
-    return -1;
-}
-
-#define CHECK_SAME(what, a, b, nbytes, ...) do { int64_t _d = first_diff((a), (b), (nbytes)); nbt_checks++; \
-    if (_d >= 0) { nbt_failures++; fprintf(stderr, "%s:%d: %s differs at byte %lld: ", __FILE__, __LINE__, (what), \
-    (long long)_d); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
-
 /* ---- element kernels ------------------------------------------------------------------------------ */
 
 /* Every bf16-truncated pattern with a set of low halves (0, 1, the midpoint bits, all ones, random),
@@ -38,14 +19,14 @@ static int64_t sweep_values(float *v) {
     int64_t k = 0;
     static const uint32_t lows[] = {0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x0800, 0x07FF, 0x0801, 0x1000};
     for (uint32_t hi = 0; hi < 65536; hi++) {
-        for (size_t j = 0; j < sizeof lows / sizeof lows[0]; j++) v[k++] = u2f(hi << 16 | lows[j]);
-        for (int j = 0; j < 6; j++) v[k++] = u2f(hi << 16 | (rnd32() & 0xFFFF));
+        for (size_t j = 0; j < sizeof lows / sizeof lows[0]; j++) v[k++] = nbt_u2f(hi << 16 | lows[j]);
+        for (int j = 0; j < 6; j++) v[k++] = nbt_u2f(hi << 16 | (nbt_rnd32() & 0xFFFF));
     }
     static const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 0.5f, 1.0f, 448.0f, 464.0f, 480.0f};
     for (size_t j = 0; j < sizeof mids / sizeof mids[0]; j++)
         for (int d = -2; d <= 2; d++) {
-            v[k++] = u2f(f2u(mids[j]) + (uint32_t)d);
-            v[k++] = -u2f(f2u(mids[j]) + (uint32_t)d);
+            v[k++] = nbt_u2f(nbt_f2u(mids[j]) + (uint32_t)d);
+            v[k++] = -nbt_u2f(nbt_f2u(mids[j]) + (uint32_t)d);
         }
     return k;
 }
@@ -61,19 +42,19 @@ static void test_elements(void) {
     nbq_avx2_e4m3_encode(v, n, a);
     for (int64_t i = 0; i < n; i++)
         if (a[i] != nb_f32_to_e4m3(v[i]) && bad_e4m3++ < 5)
-            fprintf(stderr, "e4m3(%08x): avx2 %02x ref %02x\n", f2u(v[i]), a[i], nb_f32_to_e4m3(v[i]));
+            fprintf(stderr, "e4m3(%08x): avx2 %02x ref %02x\n", nbt_f2u(v[i]), a[i], nb_f32_to_e4m3(v[i]));
     nbq_avx2_e2m1_encode(v, n, b);
     for (int64_t i = 0; i < n; i++)
         if (b[i] != nb_f32_to_e2m1(v[i]) && bad_e2m1++ < 5)
-            fprintf(stderr, "e2m1(%08x): avx2 %x ref %x\n", f2u(v[i]), b[i], nb_f32_to_e2m1(v[i]));
+            fprintf(stderr, "e2m1(%08x): avx2 %x ref %x\n", nbt_f2u(v[i]), b[i], nb_f32_to_e2m1(v[i]));
     nbq_avx2_store_f32(h0, NB_BF16, n, v);
     for (int64_t i = 0; i < n; i++)
         if (h0[i] != nb_f32_to_bf16(v[i]) && bad_bf16++ < 5)
-            fprintf(stderr, "bf16(%08x): avx2 %04x ref %04x\n", f2u(v[i]), h0[i], nb_f32_to_bf16(v[i]));
+            fprintf(stderr, "bf16(%08x): avx2 %04x ref %04x\n", nbt_f2u(v[i]), h0[i], nb_f32_to_bf16(v[i]));
     nbq_avx2_store_f32(h1, NB_F16, n, v);
     for (int64_t i = 0; i < n; i++)
         if (h1[i] != nb_f32_to_f16(v[i]) && bad_f16++ < 5)
-            fprintf(stderr, "f16(%08x): avx2 %04x ref %04x\n", f2u(v[i]), h1[i], nb_f32_to_f16(v[i]));
+            fprintf(stderr, "f16(%08x): avx2 %04x ref %04x\n", nbt_f2u(v[i]), h1[i], nb_f32_to_f16(v[i]));
     CHECK_EQ_INT(bad_e4m3, 0);
     CHECK_EQ_INT(bad_e2m1, 0);
     CHECK_EQ_INT(bad_bf16, 0);
@@ -91,22 +72,22 @@ static void test_elements(void) {
     for (int i = 0; i < 256; i++) all[i] = (uint8_t)i;
     int bad_dec = 0;
     nbq_avx2_e4m3_decode(all, 256, d0);
-    for (int i = 0; i < 256; i++) bad_dec += f2u(d0[i]) != f2u(nb_e4m3_to_f32((uint8_t)i));
+    for (int i = 0; i < 256; i++) bad_dec += nbt_f2u(d0[i]) != nbt_f2u(nb_e4m3_to_f32((uint8_t)i));
     CHECK_EQ_INT(bad_dec, 0);
     for (uint32_t i = 0; i < 65536; i++) h0[i] = (uint16_t)i;
     int bad_load = 0;
     nbq_avx2_load_f32(h0, NB_BF16, 65536, y);
-    for (uint32_t i = 0; i < 65536; i++) bad_load += f2u(y[i]) != f2u(nb_bf16_to_f32((uint16_t)i));
+    for (uint32_t i = 0; i < 65536; i++) bad_load += nbt_f2u(y[i]) != nbt_f2u(nb_bf16_to_f32((uint16_t)i));
     nbq_avx2_load_f32(h0, NB_F16, 65536, y);
-    for (uint32_t i = 0; i < 65536; i++) bad_load += f2u(y[i]) != f2u(nb_f16_to_f32((uint16_t)i));
+    for (uint32_t i = 0; i < 65536; i++) bad_load += nbt_f2u(y[i]) != nbt_f2u(nb_f16_to_f32((uint16_t)i));
     CHECK_EQ_INT(bad_load, 0);
     /* absmax + non-finite flag, both paths, each dtype, with the max at every position class */
     for (int dt = 0; dt < 3; dt++) {
         nb_dtype t = dt == 0 ? NB_F32 : dt == 1 ? NB_BF16 : NB_F16;
         for (int trial = 0; trial < 200; trial++) {
-            int64_t m = 1 + (int64_t)(unif() * 300);
-            for (int64_t i = 0; i < m; i++) y[i] = (float)(nb_rng_normal(&RNG) * ldexp(1.0, (int)(unif() * 20) - 10));
-            if (trial % 7 == 0) y[(int64_t)(unif() * (double)m)] = (trial & 8) ? -INFINITY : NAN;
+            int64_t m = 1 + (int64_t)(nbt_unif() * 300);
+            for (int64_t i = 0; i < m; i++) y[i] = (float)(nb_rng_normal(&nbt_rng) * ldexp(1.0, (int)(nbt_unif() * 20) - 10));
+            if (trial % 7 == 0) y[(int64_t)(nbt_unif() * (double)m)] = (trial & 8) ? -INFINITY : NAN;
             if (trial % 11 == 0) for (int64_t i = 0; i < m; i++) y[i] = (i & 1) ? -0.0f : 0.0f;
             void *buf = malloc((size_t)m * 4);
             nbq_avx2_store_f32(buf, t, m, y);
@@ -122,8 +103,8 @@ static void test_elements(void) {
             CHECK_EQ_INT(nf0, want_nf);
             CHECK_EQ_INT(nf1, want_nf);
             if (!want_nf) {
-                CHECK_EQ_INT(f2u(m0), f2u(want));
-                CHECK_EQ_INT(f2u(m1), f2u(want));
+                CHECK_EQ_INT(nbt_f2u(m0), nbt_f2u(want));
+                CHECK_EQ_INT(nbt_f2u(m1), nbt_f2u(want));
             }
             free(buf);
         }
@@ -139,22 +120,22 @@ static void test_mx_scale(void) {
     /* every amax whose descale amax/448 lies in the first ~4600 patterns of a binade (448 = 1.75*2^8,
      * so consecutive amax patterns step the descale by ~0.57 of its ulp and cover all of them) */
     for (int k = -140; k <= 119; k++) {
-        uint32_t base = f2u(ldexpf(448.0f, k));
+        uint32_t base = nbt_f2u(ldexpf(448.0f, k));
         for (int j = -300; j <= 8192; j++) {
-            float amax = u2f(base + (uint32_t)j);
+            float amax = nbt_u2f(base + (uint32_t)j);
             for (int fl = 0; fl < 2; fl++) {
                 n++;
                 uint8_t r = nb_mxfp8_scale_byte(amax, fl), f = nbq_mx_scale_byte_fast(amax, fl);
-                if (r != f && bad++ < 5) fprintf(stderr, "mx byte(%08x, floor %d): fast %u ref %u\n", f2u(amax), fl, f, r);
+                if (r != f && bad++ < 5) fprintf(stderr, "mx byte(%08x, floor %d): fast %u ref %u\n", nbt_f2u(amax), fl, f, r);
             }
         }
     }
     /* random finite amax, every subnormal class, zero, and the extremes */
     for (int i = 0; i < 400000; i++) {
-        uint32_t u = rnd32() & 0x7FFFFFFFu;
+        uint32_t u = nbt_rnd32() & 0x7FFFFFFFu;
         if (u >= 0x7F800000u) continue;
-        if (i & 1) u >>= (rnd32() % 31);
-        float amax = u2f(u);
+        if (i & 1) u >>= (nbt_rnd32() % 31);
+        float amax = nbt_u2f(u);
         for (int fl = 0; fl < 2; fl++) {
             n++;
             uint8_t r = nb_mxfp8_scale_byte(amax, fl), f = nbq_mx_scale_byte_fast(amax, fl);
@@ -179,35 +160,35 @@ enum { KINDS = 12 };
 
 /* One block (len elements) of a given kind; t = exponent that makes the "tie" kinds exact. */
 static void gen_block(float *x, int len, int kind, int t) {
-    double sc = ldexp(1.0, (int)(unif() * 60) - 30);
+    double sc = ldexp(1.0, (int)(nbt_unif() * 60) - 30);
     for (int i = 0; i < len; i++) {
         double v;
         switch (kind) {
-        case 0: v = nb_rng_normal(&RNG) * sc; break;                                  /* plain */
+        case 0: v = nb_rng_normal(&nbt_rng) * sc; break;                                  /* plain */
         case 1: v = 0.0; break;                                                       /* zero block */
-        case 2: v = (i & 1) ? -0.0 : -(double)ldexpf(1.0f, -149) * (rnd32() % 4); break;  /* -0 / subnormal negatives */
-        case 3: v = ldexp((double)((int)(rnd32() % 49) - 24) * 0.25, t); break;        /* E2M1 ties at p = 2^t */
-        case 4: v = nb_rng_normal(&RNG) * 1e30; break;                                /* huge */
-        case 5: v = nb_rng_normal(&RNG) * 1e-39; break;                               /* subnormal */
-        case 6: v = nb_rng_normal(&RNG) * 1e-20; break;                               /* tiny: FP8 scale underflow */
-        case 7: v = (double)u2f(rnd32() & 0x807FFFFFu); break;                        /* raw subnormal patterns */
-        case 8: v = (double)nb_e4m3_to_f32((uint8_t)(rnd32() % 0x7E)) * ((rnd32() & 1) ? 1.5 : 1.0) *
-                    ((rnd32() & 1) ? -1 : 1) * ldexp(1.0, (int)(rnd32() % 8) - 4); break;  /* E4M3 grid and midpoints */
-        case 9: v = (double)u2f((rnd32() & 0x80000000u) | (rnd32() % 0x7F7FFFFFu)); break;   /* any finite pattern */
-        case 10: v = (rnd32() & 1) ? 3.4028235e38 : -3.4028235e38; break;            /* FLT_MAX */
-        default: v = (double)(int)(rnd32() % 13 - 6) * sc; break;                      /* small integers */
+        case 2: v = (i & 1) ? -0.0 : -(double)ldexpf(1.0f, -149) * (nbt_rnd32() % 4); break;  /* -0 / subnormal negatives */
+        case 3: v = ldexp((double)((int)(nbt_rnd32() % 49) - 24) * 0.25, t); break;        /* E2M1 ties at p = 2^t */
+        case 4: v = nb_rng_normal(&nbt_rng) * 1e30; break;                                /* huge */
+        case 5: v = nb_rng_normal(&nbt_rng) * 1e-39; break;                               /* subnormal */
+        case 6: v = nb_rng_normal(&nbt_rng) * 1e-20; break;                               /* tiny: FP8 scale underflow */
+        case 7: v = (double)nbt_u2f(nbt_rnd32() & 0x807FFFFFu); break;                        /* raw subnormal patterns */
+        case 8: v = (double)nb_e4m3_to_f32((uint8_t)(nbt_rnd32() % 0x7E)) * ((nbt_rnd32() & 1) ? 1.5 : 1.0) *
+                    ((nbt_rnd32() & 1) ? -1 : 1) * ldexp(1.0, (int)(nbt_rnd32() % 8) - 4); break;  /* E4M3 grid and midpoints */
+        case 9: v = (double)nbt_u2f((nbt_rnd32() & 0x80000000u) | (nbt_rnd32() % 0x7F7FFFFFu)); break;   /* any finite pattern */
+        case 10: v = (nbt_rnd32() & 1) ? 3.4028235e38 : -3.4028235e38; break;            /* FLT_MAX */
+        default: v = (double)(int)(nbt_rnd32() % 13 - 6) * sc; break;                      /* small integers */
         }
         x[i] = (float)v;
     }
-    if (kind == 3) x[rnd32() % (unsigned)len] = (float)ldexp(6.0, t) * ((rnd32() & 1) ? 1.0f : -1.0f);
+    if (kind == 3) x[nbt_rnd32() % (unsigned)len] = (float)ldexp(6.0, t) * ((nbt_rnd32() & 1) ? 1.0f : -1.0f);
 }
 
 static void gen_row(float *x, int64_t n, int block, int row_kind, int t) {
     for (int64_t b = 0; b < n / block; b++) {
-        int kind = row_kind >= 0 ? row_kind : (int)(rnd32() % KINDS);
+        int kind = row_kind >= 0 ? row_kind : (int)(nbt_rnd32() % KINDS);
         gen_block(x + b * block, block, kind, t);
     }
-    for (int64_t i = (n / block) * block; i < n; i++) x[i] = (float)nb_rng_normal(&RNG);
+    for (int64_t i = (n / block) * block; i < n; i++) x[i] = (float)nb_rng_normal(&nbt_rng);
 }
 
 /* h/x = the 4096 bf16 patterns base .. base + 4095, Inf/NaN patterns replaced by a signed zero. */
@@ -253,8 +234,8 @@ static void compare_row(const row_case *rc, const float *x, int64_t n, const nb_
         rc->df(q0, s0, n, a, y1);
         CHECK_SAME(rc->name, y0, y1, n * 4, "dequantize of the quantized row, %s n=%lld", mode, (long long)n);
         /* arbitrary bytes too: NaN scale codes, inf E8M0, every data code */
-        for (int64_t i = 0; i < qb; i++) q0[i] = (uint8_t)rnd32();
-        for (int64_t i = 0; i < sbn; i++) s0[i] = (uint8_t)rnd32();
+        for (int64_t i = 0; i < qb; i++) q0[i] = (uint8_t)nbt_rnd32();
+        for (int64_t i = 0; i < sbn; i++) s0[i] = (uint8_t)nbt_rnd32();
         rc->dr(q0, s0, n, a, y0);
         rc->df(q0, s0, n, a, y1);
         CHECK_SAME(rc->name, y0, y1, n * 4, "dequantize of random bytes, %s n=%lld", mode, (long long)n);
@@ -277,7 +258,7 @@ static void test_nvfp4_rows(void) {
         int64_t n = NV_LENS[trial % 10];
         int kind = (trial / 10) % (KINDS + 4) - 4;   /* -4..-1: mixed blocks; else one kind per row */
         if (kind < 0) kind = -1;
-        int t = (int)(rnd32() % 40) - 20;
+        int t = (int)(nbt_rnd32() % 40) - 20;
         gen_row(x, n, 16, kind, t);
         float amax = row_absmax(x, n);
         nb_qrow_args a;
@@ -288,15 +269,15 @@ static void test_nvfp4_rows(void) {
         int mode = trial % 5;
         if (mode == 0 || mode == 3) a.scale = nb_nvfp4_scale2(amax, 448.0f);
         else if (mode == 1) a.scale = ldexpf(1.0f, t);
-        else if (mode == 2) a.scale = (trial & 8) ? 0.0f : u2f(rnd32() & 0x007FFFFFu);
-        else a.scale = (float)(unif() * 10.0);
+        else if (mode == 2) a.scale = (trial & 8) ? 0.0f : nbt_u2f(nbt_rnd32() & 0x007FFFFFu);
+        else a.scale = (float)(nbt_unif() * 10.0);
         a.global_amax = amax;
         compare_row(&nv, x, n, &a, "dynamic");
         /* static: calibrated per-block amax (the data's, scaled, zeros), G = max or the tie value */
         for (int64_t b = 0; b < n / 16; b++) {
             float m = row_absmax(x + b * 16, 16);
-            int r = (int)(rnd32() % 4);
-            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(unif() * 4.0);
+            int r = (int)(nbt_rnd32() % 4);
+            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(nbt_unif() * 4.0);
         }
         a.block_amax = bam;
         a.global_amax = mode == 1 ? ldexpf(2688.0f, t) : row_absmax(bam, n / 16);
@@ -309,9 +290,9 @@ static void test_nvfp4_rows(void) {
         /* four_over_six per-block pick: G from the data, from the tie exponent, or an odd value;
          * the row's scale equal to G/1536 (the driver's case) or not */
         a.block_amax = NULL;
-        a.global_amax = mode == 1 ? ldexpf(1536.0f, t) : mode == 4 ? (float)(unif() * 100.0) + 1e-3f : amax;
+        a.global_amax = mode == 1 ? ldexpf(1536.0f, t) : mode == 4 ? (float)(nbt_unif() * 100.0) + 1e-3f : amax;
         if (a.global_amax == 0.0f) a.global_amax = 1e-30f;
-        a.scale = (trial & 16) ? (float)(unif() * 3.0) : nb_nvfp4_scale2(a.global_amax, 256.0f);
+        a.scale = (trial & 16) ? (float)(nbt_unif() * 3.0) : nb_nvfp4_scale2(a.global_amax, 256.0f);
         compare_row(&nv46, x, n, &a, "46 pick");
     }
     free(x);
@@ -326,7 +307,7 @@ static void test_mxfp8_rows(void) {
         int64_t n = MX_LENS[trial % 8];
         int kind = (trial / 8) % (KINDS + 4) - 4;
         if (kind < 0) kind = -1;
-        gen_row(x, n, 32, kind, (int)(rnd32() % 40) - 20);
+        gen_row(x, n, 32, kind, (int)(nbt_rnd32() % 40) - 20);
         nb_qrow_args a;
         memset(&a, 0, sizeof a);
         a.mx_floor = trial & 1;
@@ -343,13 +324,13 @@ static void test_fp8_rows(void) {
         int64_t n = FP8_LENS[trial % 10];
         int kind = (trial / 10) % (KINDS + 4) - 4;
         if (kind < 0) kind = -1;
-        gen_row(x, n, 1, kind, (int)(rnd32() % 40) - 20);
+        gen_row(x, n, 1, kind, (int)(nbt_rnd32() % 40) - 20);
         nb_qrow_args a;
         memset(&a, 0, sizeof a);
         float amax = row_absmax(x, n);
         int mode = trial % 4;
-        a.scale = mode == 0 ? amax / 448.0f : mode == 1 ? ldexpf(1.0f, (int)(rnd32() % 40) - 20)
-                : mode == 2 ? amax / 448.0f * 0.001f : (float)(unif() * 2.0) + 1e-30f;
+        a.scale = mode == 0 ? amax / 448.0f : mode == 1 ? ldexpf(1.0f, (int)(nbt_rnd32() % 40) - 20)
+                : mode == 2 ? amax / 448.0f * 0.001f : (float)(nbt_unif() * 2.0) + 1e-30f;
         if (a.scale == 0.0f) a.scale = 1.0f;
         a.global_amax = amax;
         static const int32_t dts[3] = {NB_F32, NB_BF16, NB_F16};
@@ -415,7 +396,7 @@ static void test_bf16_kernels(void) {
         int64_t n = lens[trial % 10];
         int kind = (trial / 10) % (KINDS + 4) - 4;
         if (kind < 0) kind = -1;
-        int t = (int)(rnd32() % 40) - 20;
+        int t = (int)(nbt_rnd32() % 40) - 20;
         /* NVFP4: the driver's s2, a power of two (E2M1 ties land exactly), arbitrary */
         bf16_row(x, h, n, 16, kind, t);
         memset(&a, 0, sizeof a);
@@ -424,13 +405,13 @@ static void test_bf16_kernels(void) {
         int mode = trial % 4;
         a.global_amax = amax > 0.0f ? amax : 1.0f;
         a.scale = mode == 0 ? nb_nvfp4_scale2(a.global_amax, 448.0f) : mode == 1 ? ldexpf(1.0f, t)
-                : mode == 2 ? (float)(unif() * 3.0) + 1e-6f : (trial & 8) ? 0.0f : u2f(rnd32() & 0x007FFFFFu);   /* NaN/Inf scales */
+                : mode == 2 ? (float)(nbt_unif() * 3.0) + 1e-6f : (trial & 8) ? 0.0f : nbt_u2f(nbt_rnd32() & 0x007FFFFFu);   /* NaN/Inf scales */
         compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 dynamic");
         compare_nv_table(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, n, &a, "nvfp4 dynamic");
         for (int64_t b = 0; b < n / 16; b++) {
             float m = row_absmax(x + b * 16, 16);
-            int r = (int)(rnd32() % 4);
-            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(unif() * 4.0);
+            int r = (int)(nbt_rnd32() % 4);
+            bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(nbt_unif() * 4.0);
         }
         a.block_amax = bam;
         a.global_amax = row_absmax(bam, n / 16);
@@ -452,8 +433,8 @@ static void test_bf16_kernels(void) {
         memset(&a, 0, sizeof a);
         amax = row_absmax(x, nf);
         mode = trial % 4;
-        a.scale = mode == 0 ? amax / 448.0f : mode == 1 ? ldexpf(1.0f, (int)(rnd32() % 40) - 20)
-                : mode == 2 ? amax / 448.0f * 0.001f : (float)(unif() * 2.0) + 1e-30f;
+        a.scale = mode == 0 ? amax / 448.0f : mode == 1 ? ldexpf(1.0f, (int)(nbt_rnd32() % 40) - 20)
+                : mode == 2 ? amax / 448.0f * 0.001f : (float)(nbt_unif() * 2.0) + 1e-30f;
         if (a.scale == 0.0f) a.scale = 1.0f;
         a.global_amax = amax;
         a.div_dtype = (trial / 4) % 2 ? NB_BF16 : NB_F32;
@@ -501,17 +482,17 @@ static void test_bf16_kernels(void) {
         uint16_t *xh = malloc((size_t)len * 2);
         uint8_t *q0 = malloc((size_t)len / 2), *q1 = malloc((size_t)len / 2), *s0 = malloc((size_t)nb), *s1 = malloc((size_t)nb);
         for (int trial = 0; trial < 60; trial++) {
-            uint16_t top = (uint16_t)(0x2000 + rnd32() % 0x3F00);   /* amax from ~1e-19 to ~1e19 */
-            uint32_t k = rnd32();
+            uint16_t top = (uint16_t)(0x2000 + nbt_rnd32() % 0x3F00);   /* amax from ~1e-19 to ~1e19 */
+            uint32_t k = nbt_rnd32();
             for (int64_t b = 0; b < nb; b++)
                 for (int i = 0; i < 16; i++) {
                     uint16_t m = i == 0 ? top : (uint16_t)(k++ % ((uint32_t)top + 1));
-                    xh[b * 16 + i] = (uint16_t)(m | ((rnd32() & 1) ? 0x8000 : 0));
+                    xh[b * 16 + i] = (uint16_t)(m | ((nbt_rnd32() & 1) ? 0x8000 : 0));
                     xf[b * 16 + i] = nb_bf16_to_f32(xh[b * 16 + i]);
                 }
             memset(&a, 0, sizeof a);
             float am = nb_bf16_to_f32(top);
-            a.global_amax = trial % 3 == 0 ? am : am * (float)(1.0 + unif() * 300.0);
+            a.global_amax = trial % 3 == 0 ? am : am * (float)(1.0 + nbt_unif() * 300.0);
             a.scale = nb_nvfp4_scale2(a.global_amax, 448.0f);
             nb_nvfp4_quantize_row_ref(xf, len, &a, q0, s0);
             CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4, xh, len, &a, q1, s1), 0);
@@ -527,7 +508,7 @@ static void test_bf16_kernels(void) {
     /* FP8 (the per-row E4M3 table, the arithmetic it is built from): every bf16 pattern against 40
      * divisors from 2^-90 to 2^90, both division dtypes */
     for (int trial = 0; trial < 40; trial++) {
-        float dv = ldexpf((float)(1.0 + unif()), (int)(rnd32() % 181) - 90);
+        float dv = ldexpf((float)(1.0 + nbt_unif()), (int)(nbt_rnd32() % 181) - 90);
         if (trial == 0) dv = 1.0f;
         for (uint32_t base = 0; base < 0x10000; base += 4096) {
             bf16_patterns(base, h, x);
@@ -545,7 +526,7 @@ static void test_bf16_kernels(void) {
         for (int b = 0; b < 3; b++)
             for (int pos = 0; pos < 3; pos++) {
                 int64_t len = 4128, at = pos == 0 ? 5 : pos == 1 ? 3000 : 4127;   /* last: in the tail past 4096 */
-                for (int64_t i = 0; i < len; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&RNG));
+                for (int64_t i = 0; i < len; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&nbt_rng));
                 h[at] = bad[b];
                 memset(&a, 0, sizeof a);
                 a.scale = 0.01f;
@@ -572,7 +553,7 @@ static void test_channel_next_rows(nb_ctx *ctx) {
     uint16_t *h = nb_tensor_data(x);
     for (int where = 0; where < 6; where++) {
         for (int kind = 0; kind < 3; kind++) {
-            for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&RNG) * (float)(1 + i / 2048));
+            for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&nbt_rng) * (float)(1 + i / 2048));
             int64_t at = where * 2048 + 1000 + where;
             nb_qparams p;
             nb_qparams_init(&p, NB_FMT_FP8_CHANNEL);
@@ -592,7 +573,7 @@ static void test_channel_next_rows(nb_ctx *ctx) {
         }
     }
     /* clean: avx512 == reference */
-    for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&RNG) * (float)(1 + i / 2048));
+    for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&nbt_rng) * (float)(1 + i / 2048));
     nb_qparams p;
     nb_qparams_init(&p, NB_FMT_FP8_CHANNEL);
     nb_qtensor *qa = NULL, *qr = NULL;
@@ -622,13 +603,13 @@ static void test_nv_table_mixed(void) {
     int mixed_groups[2] = {0, 0};
     for (int trial = 0; trial < 24; trial++) {
         int stat = trial % 2;
-        float amax = ldexpf(1.0f, 19 + (int)(rnd32() % 11));
+        float amax = ldexpf(1.0f, 19 + (int)(nbt_rnd32() % 11));
         for (int64_t b = 0; b < nb; b++) {
-            float top = b == 0 ? amax : ldexpf(amax, -(int)(rnd32() % 14));
-            bam[b] = b == 0 ? amax : ldexpf(amax, -(int)(rnd32() % 24));
+            float top = b == 0 ? amax : ldexpf(amax, -(int)(nbt_rnd32() % 14));
+            bam[b] = b == 0 ? amax : ldexpf(amax, -(int)(nbt_rnd32() % 24));
             for (int i = 0; i < 16; i++) {
-                float v = i == 3 ? top : top * (float)(2.0 * unif() - 1.0);
-                if (rnd32() & 1) v = -v;
+                float v = i == 3 ? top : top * (float)(2.0 * nbt_unif() - 1.0);
+                if (nbt_rnd32() & 1) v = -v;
                 h[b * 16 + i] = nb_f32_to_bf16(v);
                 x[b * 16 + i] = nb_bf16_to_f32(h[b * 16 + i]);
             }
@@ -819,7 +800,7 @@ static void test_drivers(nb_ctx *ctx, const char *path) {
                            "driver quantize data, %s input, %s", nb_dtype_info(dts[d])->name, path);
                 CHECK_SAME(fname, nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale),
                            "driver quantize scale, %s input, %s", nb_dtype_info(dts[d])->name, path);
-                if (qa->scale2) CHECK_EQ_INT(f2u(*(float *)nb_tensor_data(qa->scale2)), f2u(*(float *)nb_tensor_data(qr->scale2)));
+                if (qa->scale2) CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(qa->scale2)), nbt_f2u(*(float *)nb_tensor_data(qr->scale2)));
             }
             if (da && dr) CHECK_SAME(fname, nb_tensor_data(da), nb_tensor_data(dr), nb_tensor_nbytes(da), "driver dequantize, %s", path);
             CHECK_SAME(fname, nb_tensor_data(ya), nb_tensor_data(yr), nb_tensor_nbytes(ya), "driver fake quant, %s, %s",
@@ -834,7 +815,7 @@ static void test_drivers(nb_ctx *ctx, const char *path) {
 int main(void) {
     nb_ctx *ctx = NULL;
     CHECK_OK(ctx, nb_ctx_new(2, &ctx));
-    nb_rng_seed(&RNG, 0x5eedf00dULL);
+    nb_rng_seed(&nbt_rng, 0x5eedf00dULL);
     const char *path = nb_quant_cpu_path();
     printf("quantizer CPU path chosen at load: %s (CPU has AVX2+FMA+F16C: %s)\n", path, nbq_cpu_has_avx2() ? "yes" : "no");
     if (!nbq_cpu_has_avx2()) {

@@ -9,8 +9,6 @@
 
 static nb_ctx *ctx;
 
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
 static nb_tensor *bf16_row(const float *v, int64_t n) {
     uint16_t h[64];
     for (int64_t i = 0; i < n; i++) h[i] = nb_f32_to_bf16(v[i]);
@@ -62,7 +60,7 @@ static void tv1(void) {
     const uint8_t s[2] = {0x38, 0x7E};
     CHECK(bytes_eq(q->data, w, 16, "TV1 weight"));
     CHECK(bytes_eq(q->scale, s, 2, "TV1 weight_scale"));
-    CHECK_EQ_INT(f2u(*(float *)nb_tensor_data(q->scale2)), 0x3F800000u);
+    CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(q->scale2)), 0x3F800000u);
     CHECK_EQ_INT(q->data->dtype, NB_U8);
     CHECK_EQ_INT(q->data->shape[1], 16);
     CHECK_EQ_INT(q->scale->dtype, NB_E4M3);
@@ -78,7 +76,7 @@ static void tv1(void) {
     nb_tensor *d = NULL;
     CHECK_OK(ctx, nb_qtensor_dequantize(ctx, q, NB_F32, &d));
     const float *dv = nb_tensor_data(d);
-    CHECK_EQ_INT(f2u(dv[9]), 0u);
+    CHECK_EQ_INT(nbt_f2u(dv[9]), 0u);
     CHECK(dv[0] == 0.0f && dv[2] == 1.0f && dv[3] == 1.0f && dv[4] == 2.0f && dv[5] == 2.0f && dv[6] == 4.0f);
     CHECK(dv[7] == 4.0f && dv[8] == 6.0f && dv[15] == -6.0f && dv[16] == 2688.0f && dv[17] == -1344.0f);
     check_fake_equals_dequant(x, &p, "TV1");
@@ -94,7 +92,7 @@ static void tv2(void) {
     int64_t shape[2] = {1, 16};
     nb_tensor *x = NULL;
     CHECK_OK(ctx, nb_tensor_from_data(ctx, NB_BF16, 2, shape, h, &x));
-    CHECK_EQ_INT(f2u(nb_nvfp4_scale2(0.1015625f, 448.0f)), 0x381E79E8u);
+    CHECK_EQ_INT(nbt_f2u(nb_nvfp4_scale2(0.1015625f, 448.0f)), 0x381E79E8u);
     CHECK_EQ_INT(nb_nvfp4_block_scale_dynamic(0.0791015625f, nb_nvfp4_scale2(0.1015625f, 448.0f)), 0x7B);
     nb_qparams p;
     nb_qparams_init(&p, NB_FMT_NVFP4);
@@ -105,12 +103,12 @@ static void tv2(void) {
     const uint8_t s[1] = {0x7B};
     CHECK(bytes_eq(q->data, w, 8, "TV2 weight"));
     CHECK(bytes_eq(q->scale, s, 1, "TV2 weight_scale"));
-    CHECK_EQ_INT(f2u(*(float *)nb_tensor_data(q->scale2)), 0x381E79E8u);
+    CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(q->scale2)), 0x381E79E8u);
     /* p = f32(352 * s2) = 0x3C59E79F: code 7 (element 2, 0.0791 -> 6) dequantizes to 6p */
     nb_tensor *d = NULL;
     CHECK_OK(ctx, nb_qtensor_dequantize(ctx, q, NB_F32, &d));
     float pdiv = 352.0f * nb_nvfp4_scale2(0.1015625f, 448.0f);
-    CHECK_EQ_INT(f2u(pdiv), 0x3C59E79Fu);
+    CHECK_EQ_INT(nbt_f2u(pdiv), 0x3C59E79Fu);
     CHECK(((float *)nb_tensor_data(d))[2] == 6.0f * pdiv);
     check_fake_equals_dequant(x, &p, "TV2");
     nb_tensor_release(d);
@@ -143,7 +141,7 @@ static void tv4(void) {
     nb_tensor *x = bf16_row(v, 16);
     const uint8_t w4[8] = {0x56, 0x55, 0xDD, 0x55, 0x13, 0x01, 0x54, 0x6D};
     const uint8_t w6[8] = {0x67, 0x66, 0xEE, 0x66, 0x24, 0x01, 0x65, 0x7E};
-    CHECK_EQ_INT(f2u(nb_nvfp4_scale2(6.0f, 256.0f)), 0x3B800000u);
+    CHECK_EQ_INT(nbt_f2u(nb_nvfp4_scale2(6.0f, 256.0f)), 0x3B800000u);
     CHECK_EQ_INT(nb_nvfp4_block_scale_static(6.0f, 6.0f, 256.0f), 0x78);
     CHECK_EQ_INT(nb_nvfp4_block_scale_static(9.0f, 6.0f, 256.0f), 0x7C);
     float xf[16];
@@ -158,7 +156,7 @@ static void tv4(void) {
     CHECK_OK(ctx, nb_quantize(ctx, x, &p, &q));
     CHECK(bytes_eq(q->data, w4, 8, "TV4 weight (M=4)"));
     CHECK_EQ_INT(((uint8_t *)nb_tensor_data(q->scale))[0], 0x7C);
-    CHECK_EQ_INT(f2u(*(float *)nb_tensor_data(q->scale2)), 0x3B800000u);
+    CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(q->scale2)), 0x3B800000u);
     CHECK_EQ_INT(nb_qformat_info(q->format)->disk_format, NB_FMT_NVFP4);
     nb_qtensor_release(q);
 
@@ -211,7 +209,7 @@ static void tv4(void) {
     CHECK(bytes_eq(q->data, w4, 8, "TV4 weight (quantizer)"));
     float s2 = 0;
     CHECK_OK(ctx, nb_quantizer_scale(ctx, qz, &s2));
-    CHECK_EQ_INT(f2u(s2), 0x3B800000u);
+    CHECK_EQ_INT(nbt_f2u(s2), 0x3B800000u);
     nb_qtensor_release(q);
     nb_tensor_release(ba);
     nb_tensor_release(ga);
@@ -223,7 +221,7 @@ static void tv4(void) {
     CHECK_OK(ctx, nb_quantize(ctx, x, &p, &q));
     CHECK(bytes_eq(q->data, w6, 8, "TV4 as plain NVFP4"));
     CHECK_EQ_INT(((uint8_t *)nb_tensor_data(q->scale))[0], 0x7E);
-    CHECK_EQ_INT(f2u(*(float *)nb_tensor_data(q->scale2)), 0x3B124925u);
+    CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(q->scale2)), 0x3B124925u);
     nb_qtensor_release(q);
     nb_tensor_release(b6);
     nb_tensor_release(b9);
@@ -281,7 +279,7 @@ static void tv6(void) {
     nb_qtensor *q = NULL;
     CHECK_OK(ctx, nb_quantize(ctx, x, &p, &q));
     CHECK(bytes_eq(q->data, (const uint8_t[]){0x7E, 0xF6, 0x71, 0x7E}, 4, "TV6 weight (bf16 model)"));
-    CHECK_EQ_INT(f2u(*(float *)nb_tensor_data(q->scale)), 0x3BDB6DB7u);
+    CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(q->scale)), 0x3BDB6DB7u);
     CHECK_EQ_INT(q->scale->ndim, 0);
     check_fake_equals_dequant(x, &p, "TV6");
     nb_qtensor_release(q);
