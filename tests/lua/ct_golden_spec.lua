@@ -11,13 +11,7 @@ local stories = nbspec.data("stories260K/hf")
 local train = nbspec.data("text/tinystories_train_head_2MiB.txt")
 local golden = nbspec.source_dir .. "/tests/golden/data/ct_readback"
 
-local tmp_file = os.tmpname()
-local tmp = tmp_file .. ".d"
-os.execute("mkdir -p " .. nbspec.quote(tmp))
-teardown(function()
-  os.execute("rm -rf " .. nbspec.quote(tmp))
-  os.remove(tmp_file)
-end)
+local tmp = nbspec.private_dir()
 
 -- `nibble quantize` arguments (as the generator ran them) -> the options ptq.recipe_of takes
 local function options(args)

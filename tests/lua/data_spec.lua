@@ -9,18 +9,8 @@ local data = nibble.data
 local stories_hf = nbspec.data("stories260K/hf")
 local src = nbspec.source_dir
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
-
-local function need(...)
-  for i = 1, select("#", ...) do
-    if not select(i, ...) then pending("../shared/data is absent") return false end
-  end
-  return true
-end
+local need = nbspec.need
+local err_of = nbspec.err_of
 
 -- s[k] = 100 + k, k in [0, 27): documents of 10, 10 and 7 tokens; mask (k % 3 ~= 0)
 local function stream()

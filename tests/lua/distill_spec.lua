@@ -5,6 +5,7 @@
 local nibble = require("nibble")
 local ffi = require("ffi")
 local json = require("nibble.json")
+local nbspec = require("nbspec")
 
 local src = os.getenv("NIBBLE_SOURCE_DIR") or "."
 local function slurp(p)
@@ -29,11 +30,7 @@ local function arr(name)
   return t, ffi.cast(ctypes[a.dtype], BASE + a.offset)
 end
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = nbspec.err_of
 
 local function case_args(c)
   local w = c.data

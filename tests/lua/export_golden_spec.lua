@@ -15,14 +15,7 @@ local qmodel = require("nibble.qmodel")
 local stories = nbspec.data("stories260K/hf")
 local golden = nbspec.source_dir .. "/tests/golden/data/modelopt_export"
 
--- a directory no other process picks (nbspec.mkdtemp's names can repeat across concurrent runs)
-local tmp_file = os.tmpname()
-local tmp = tmp_file .. ".d"
-os.execute("mkdir -p " .. nbspec.quote(tmp))
-teardown(function()
-  os.execute("rm -rf " .. nbspec.quote(tmp))
-  os.remove(tmp_file)
-end)
+local tmp = nbspec.private_dir()
 
 -- the recipe unit that says what ModelOpt's stock config says
 local units = { w4a16 = "units/nvfp4_w4a16", nvfp4 = "units/nvfp4", mxfp8 = "units/mxfp8", fp8 = "units/fp8",

@@ -1,6 +1,6 @@
 -- Helpers shared by the busted specs in tests/lua: shared-data paths (nil when ../shared/data is
--- absent, so specs pend), running the built `nibble` program with its stdout, stderr and exit code,
--- temporary files, and shell quoting.
+-- absent, so specs pend, with `need`), running the built `nibble` program with its stdout, stderr and
+-- exit code, temporary files and directories, shell quoting, and `err_of` for expected errors.
 local M = {}
 
 M.source_dir = os.getenv("NIBBLE_SOURCE_DIR") or "."
@@ -57,6 +57,15 @@ function M.mkdtemp()
   local d = p and p:read("*l")
   if p then p:close() end
   assert(d and d ~= "", "mktemp -d failed")
+  return d
+end
+
+-- A fresh directory for one spec file, removed when its tests end (busted's teardown, from the calling
+-- spec's environment): `local tmp = nbspec.private_dir()` at the spec file's top level.
+function M.private_dir()
+  local d = M.mkdtemp()
+  local teardown = getfenv(2).teardown or teardown
+  teardown(function() os.execute("rm -rf " .. M.quote(d)) end)
   return d
 end
 

@@ -17,27 +17,10 @@ local valid = nbspec.data("text/tinystories_valid_head_776KiB.txt")
 local llama3 = nbspec.source_dir .. "/tests/golden/data/model_llama3"
 local fixtures = nbspec.source_dir .. "/tests/recipes/fixtures"
 
-local function need(...)
-  for i = 1, select("#", ...) do
-    if not select(i, ...) then pending("../shared/data is absent") return false end
-  end
-  return true
-end
+local need = nbspec.need
+local err_of = nbspec.err_of
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
-
--- a directory no other process picks (nbspec.mkdtemp's names can repeat across concurrent runs)
-local tmp_file = os.tmpname()
-local tmp = tmp_file .. ".d"
-os.execute("mkdir -p " .. nbspec.quote(tmp))
-teardown(function()
-  os.execute("rm -rf " .. nbspec.quote(tmp))
-  os.remove(tmp_file)
-end)
+local tmp = nbspec.private_dir()
 
 -- tokens 1..T of a fixed pseudo-text (ids < vocab)
 local function ids(T, vocab)

@@ -15,26 +15,10 @@ local train = nbspec.data("text/tinystories_train_head_2MiB.txt")
 local valid = nbspec.data("text/tinystories_valid_head_776KiB.txt")
 local src = nbspec.source_dir
 
-local function need(...)
-  for i = 1, select("#", ...) do
-    if not select(i, ...) then pending("../shared/data is absent") return false end
-  end
-  return true
-end
+local need = nbspec.need
+local err_of = nbspec.err_of
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
-
-local tmp_file = os.tmpname()
-local tmp = tmp_file .. ".d"
-os.execute("mkdir -p " .. nbspec.quote(tmp))
-teardown(function()
-  os.execute("rm -rf " .. nbspec.quote(tmp))
-  os.remove(tmp_file)
-end)
+local tmp = nbspec.private_dir()
 
 -- A tiny Llama pair: teacher and an NVFP4 W4A16 student (every linear but lm_head), same random weights.
 local function tiny()

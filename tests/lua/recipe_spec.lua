@@ -1,6 +1,7 @@
 -- Recipe matcher and validation: globs, last-match-wins, extends/units, every validation error
 -- (with did-you-mean), block-size exclusions vs explicit requests, tied lm_head, and plan text.
 local recipe = require "nibble.recipe"
+local nbspec = require("nbspec")
 
 local src = os.getenv("NIBBLE_SOURCE_DIR") or "."
 recipe.search_path = { src .. "/recipes" }
@@ -30,11 +31,7 @@ local function by_name(plan)
   return t
 end
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok)
-  return tostring(e)
-end
+local err_of = nbspec.err_of
 
 describe("globs", function()
   it("match like fnmatch", function()
