@@ -6,23 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "nibble/nibble.h"
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* CPU time of the whole process (all threads): on a shared machine, with one thread, tokens per
- * CPU-second estimate the uncontended speed better than wall time does */
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "bench_common.h"
 
 static int die(nb_ctx *ctx, const char *what) {
     fprintf(stderr, "bench_model: %s: %s\n", what, ctx ? nb_ctx_last_error(ctx) : "");
@@ -51,9 +37,9 @@ int main(int argc, char **argv) {
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(threads, &ctx)) return die(NULL, "context");
     nb_model *m = NULL;
-    double t_load = now();
+    double t_load = bench_now();
     if (nb_model_load(ctx, path, &m)) return die(ctx, "load");
-    t_load = now() - t_load;
+    t_load = bench_now() - t_load;
     nb_model_set_recompute(m, recompute);
     const nb_model_config *c = nb_model_get_config(m);
     int64_t N = B * T, V = c->vocab_size;
@@ -63,22 +49,24 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < N; i++) tok[i] = (int32_t)(nb_rng_next(&rng) % (uint64_t)V);
     float *logits = malloc(sizeof(float) * (size_t)(N * V));
     if (!logits) return die(NULL, "out of memory");
+    /* CPU time too: on a shared machine, with one thread, tokens per CPU-second estimate the
+     * uncontended speed better than wall time does */
     double fwd_s = 0, train_s = 0, loss = 0, fwd_cpu = 0, train_cpu = 0;
     if (fwd) {
         if (nb_model_logits(ctx, m, tok, B, T, logits)) return die(ctx, "forward");   /* warm-up */
-        double t0 = now(), c0 = cpu_now();
+        double t0 = bench_now(), c0 = bench_cpu();
         for (int it = 0; it < iters; it++)
             if (nb_model_logits(ctx, m, tok, B, T, logits)) return die(ctx, "forward");
-        fwd_s = (now() - t0) / iters;
-        fwd_cpu = (cpu_now() - c0) / iters;
+        fwd_s = (bench_now() - t0) / iters;
+        fwd_cpu = (bench_cpu() - c0) / iters;
     }
     if (train) {
         if (nb_model_lm_step(ctx, m, tok, B, T, NULL, &loss)) return die(ctx, "train step");
-        double t0 = now(), c0 = cpu_now();
+        double t0 = bench_now(), c0 = bench_cpu();
         for (int it = 0; it < iters; it++)
             if (nb_model_lm_step(ctx, m, tok, B, T, NULL, &loss)) return die(ctx, "train step");
-        train_s = (now() - t0) / iters;
-        train_cpu = (cpu_now() - c0) / iters;
+        train_s = (bench_now() - t0) / iters;
+        train_cpu = (bench_cpu() - c0) / iters;
     }
     nb_mem_stats ms;
     nb_ctx_mem(ctx, &ms);

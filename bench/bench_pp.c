@@ -10,29 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "nibble/nibble.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double clock_s(clockid_t id) {
-    struct timespec t;
-    clock_gettime(id, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-static double now(void) { return clock_s(CLOCK_MONOTONIC); }
-/* CPU time of every thread of the process: on a shared machine it counts the work and not the time
- * spent descheduled (but it does count a waiting thread's spinning). */
-static double cpu_now(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "bench_common.h"
 
 static int die(nb_ctx *ctx, const char *what) {
     fprintf(stderr, "bench_pp: %s: %s\n", what, ctx ? nb_ctx_last_error(ctx) : "");
@@ -60,10 +40,10 @@ int main(int argc, char **argv) {
     }
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(threads, &ctx)) return die(NULL, "context");
-    double t_load = now();
+    double t_load = bench_now();
     nb_model *m = NULL;
     if (nb_model_load(ctx, path, &m)) return die(ctx, "load");
-    t_load = now() - t_load;
+    t_load = bench_now() - t_load;
     const nb_model_config *c = nb_model_get_config(m);
     int64_t V = c->vocab_size;
     /* random ids as llama-bench uses; the same seed gives bench_llamacpp.py the same list */
@@ -88,13 +68,13 @@ int main(int argc, char **argv) {
     double *times = malloc(sizeof(double) * 2 * (size_t)iters), *cpu = times + iters;
     if (!times) return die(NULL, "out of memory");
     for (int it = 0; it < iters; it++) {
-        double t0 = now(), c0 = cpu_now();
+        double t0 = bench_now(), c0 = bench_cpu();
         if (nb_model_forward(ctx, m, tok, 1, T, &o)) return die(ctx, "forward");
-        times[it] = now() - t0;
-        cpu[it] = cpu_now() - c0;
+        times[it] = bench_now() - t0;
+        cpu[it] = bench_cpu() - c0;
     }
     /* medians: the machine is shared, and a mean follows whatever else ran meanwhile */
-    double med = median(times, iters), best = times[0], cpu_med = median(cpu, iters);
+    double best, med = bench_median(times, iters, &best), cpu_med = bench_median(cpu, iters, NULL);
     if (logits_out) {
         FILE *f = fopen(logits_out, "wb");
         if (!f || fwrite(logits, sizeof(float), (size_t)V, f) != (size_t)V) {

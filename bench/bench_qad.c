@@ -5,15 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "nibble/nibble.h"
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "bench_common.h"
 
 static int die(nb_ctx *ctx, const char *what) {
     fprintf(stderr, "bench_qad: %s: %s\n", what, ctx ? nb_ctx_last_error(ctx) : "");
@@ -83,15 +77,14 @@ int main(int argc, char **argv) {
     if (nb_qad_new(ctx, &qc, teacher, qm, ld, &q)) return die(ctx, "qad");
     nb_qad_metrics m;
     if (nb_qad_step(ctx, q, &m)) return die(ctx, "step");   /* warm-up: buffers, optimizer state */
-    double t0 = now();
-    clock_t c0 = clock();
+    double t0 = bench_now(), c0 = bench_cpu();
     double kd = 0;
     for (int i = 0; i < iters; i++) {
         if (nb_qad_step(ctx, q, &m)) return die(ctx, "step");
         kd = m.kd;
     }
-    double dt = (now() - t0) / iters;
-    double cpu = (double)(clock() - c0) / CLOCKS_PER_SEC / iters;   /* all threads */
+    double dt = (bench_now() - t0) / iters;
+    double cpu = (bench_cpu() - c0) / iters;   /* all threads */
     nb_mem_stats ms;
     nb_ctx_mem(ctx, &ms);
     printf("{\"impl\": \"nibble\", \"model\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"threads\": %d, "

@@ -11,42 +11,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "nibble/nibble.h"
 #include "nibble/quant_fast.h"
 #include "quant/fast_internal.h"
+#include "bench_common.h"
 
 enum { ROWS = 4096, COLS = 4096 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPU time of the whole process (all pool threads; the pool sleeps, never spins, while idle). On a
- * shared machine this is the work done, which time slices by other processes do not inflate. */
-static double cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct timing {
     double wall, best, cpu;   /* median wall, best wall, median process CPU time (seconds) */
 } timing;
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Median (and, through *best, the minimum: the least disturbed run on a shared machine). */
-static double median_best(double *t, int n, double *best) {
-    qsort(t, (size_t)n, sizeof *t, cmp_d);
-    if (best) *best = t[0];
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+/* The timing of reps runs from their wall times t and CPU times c (malloc'd; this frees them). */
+static timing timing_of(double *t, double *c, int reps) {
+    timing tm;
+    tm.wall = bench_median(t, reps, &tm.best);
+    tm.cpu = bench_median(c, reps, NULL);
+    free(t);
+    free(c);
+    return tm;
 }
 
 /* ---- memcpy peer: the same bytes split over the same pool ---------------------------------- */
@@ -71,17 +55,12 @@ static timing time_memcpy(nb_ctx *ctx, void *dst, const void *src, int64_t bytes
     double *t = malloc((size_t)reps * sizeof *t), *c = malloc((size_t)reps * sizeof *c);
     copy_range(&j, 0, threads);   /* fault in */
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s(), c0 = cpu_s();
+        double t0 = bench_now(), c0 = bench_cpu();
         nb_parallel_for(ctx, threads, 1, copy_range, &j);
-        t[r] = now_s() - t0;
-        c[r] = cpu_s() - c0;
+        t[r] = bench_now() - t0;
+        c[r] = bench_cpu() - c0;
     }
-    timing tm;
-    tm.wall = median_best(t, reps, &tm.best);
-    tm.cpu = median_best(c, reps, NULL);
-    free(t);
-    free(c);
-    return tm;
+    return timing_of(t, c, reps);
 }
 
 /* ---- quantize cases ------------------------------------------------------------------------- */
@@ -124,9 +103,9 @@ static timing time_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p
     }
     for (int r = -2; r < reps; r++) {
         nb_qtensor *q = NULL;
-        double t0 = now_s(), c0 = cpu_s();
+        double t0 = bench_now(), c0 = bench_cpu();
         nb_status s = into ? nb_quantize_into(ctx, x, p, keep) : nb_quantize(ctx, x, p, &q);
-        double dt = now_s() - t0, dc = cpu_s() - c0;
+        double dt = bench_now() - t0, dc = bench_cpu() - c0;
         if (s) {
             fprintf(stderr, "nb_quantize: %s\n", nb_ctx_last_error(ctx));
             exit(1);
@@ -138,12 +117,7 @@ static timing time_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p
         }
     }
     nb_qtensor_release(keep);
-    timing tm;
-    tm.wall = median_best(t, reps, &tm.best);
-    tm.cpu = median_best(c, reps, NULL);
-    free(t);
-    free(c);
-    return tm;
+    return timing_of(t, c, reps);
 }
 
 /* ---- the amax pass alone: max |x| and the NaN/Inf scan over the whole tensor, threaded -------- */
@@ -272,11 +246,11 @@ int main(int argc, char **argv) {
         j.per = (int64_t)ROWS * COLS / 64;
         double *t = malloc((size_t)reps * sizeof *t);
         for (int r = -1; r < reps; r++) {
-            double t0 = now_s();
+            double t0 = bench_now();
             nb_parallel_for(ctx, 64, 1, amax_range, &j);
-            if (r >= 0) t[r] = now_s() - t0;
+            if (r >= 0) t[r] = bench_now() - t0;
         }
-        double best, med = median_best(t, reps, &best);
+        double best, med = bench_median(t, reps, &best);
         printf("\namax + NaN/Inf pass alone (reads the 32 MiB once, %d threads): median %.3f ms, best %.3f ms "
                "(= %.2f of memcpy's best time)\n", threads, med * 1e3, best * 1e3, best / cp.best);
         free(t);
