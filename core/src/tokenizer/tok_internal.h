@@ -1,11 +1,13 @@
 /* Private parts of the tokenizer shared by its loaders (tokenizer.json, GGUF, tokenizer.model) and
- * the encode/decode engine in tok_core.c. A loader fills the vocabulary and the options with the
- * tok_* builders below, then calls tok_finish to build the lookup tables. */
+ * the engine (tok_encode.c, tok_decode.c). A loader fills the vocabulary and the options with the
+ * tok_* builders below (tok_vocab.c), then calls tok_finish to build the lookup tables. */
 #ifndef NB_TOK_INTERNAL_H
 #define NB_TOK_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -103,6 +105,77 @@ struct nb_tokenizer {
     char *chat_template;             /* tokenizer.chat_template (GGUF), counted on ctx; NULL when absent */
     size_t chat_template_len;
 };
+
+/* ---- helpers shared by the builder (tok_vocab.c) and the engine ------------------------------ */
+/* static inline: the hashes and the pair lookup sit in the encoder's inner loops */
+
+static inline uint64_t tok_hash(const char *s, size_t n) {
+    /* FNV-1a over 8-byte words with a murmur finalizer: spellings are short, this is plenty */
+    uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h;
+}
+
+static inline uint64_t tok_pair_hash(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
+static inline int tok_utf8_len(uint8_t c) {
+    static const int8_t lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    return lookup[c >> 4];
+}
+
+/* Grow an uncounted scratch buffer (per-call work memory). */
+static inline int tok_sgrow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t nc = *cap ? *cap : 64;
+    while (nc < need) nc *= 2;
+    void *q = realloc(*p, nc * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+static inline const char *tok_ent_text(const nb_tokenizer *t, int32_t id) { return t->arena + t->ent[id].text_off; }
+
+static inline int tok_is_special_type(int32_t type) { return type == NB_TOKEN_CONTROL || type == NB_TOKEN_UNKNOWN; }
+
+static inline int tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b, int32_t *rank, int32_t *merged) {
+    if (!m->keys) return 0;
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    uint64_t h = tok_pair_hash(key) & m->mask;
+    for (;;) {
+        uint64_t k = m->keys[h];
+        if (k == UINT64_MAX) return 0;
+        if (k == key) {
+            *rank = m->rank[h];
+            *merged = m->merged[h];
+            return 1;
+        }
+        h = (h + 1) & m->mask;
+    }
+}
 
 /* ---- builders used by the loaders ---------------------------------------------------------- */
 nb_status tok_new(nb_ctx *ctx, nb_tokenizer **out);

@@ -72,7 +72,7 @@ static int is_added(const nb_tokenizer *t, int32_t id) {
            (ty == NB_TOKEN_CONTROL || ty == NB_TOKEN_UNKNOWN || ty == NB_TOKEN_USER_DEFINED);
 }
 
-/* Tokens that SentencePiece may build by merging (as try_pair in tok_core.c allows). */
+/* Tokens that SentencePiece may build by merging (as try_pair in tok_encode.c allows). */
 static int mergeable(int32_t ty) {
     return ty == NB_TOKEN_NORMAL || ty == NB_TOKEN_USER_DEFINED || ty == NB_TOKEN_UNUSED || ty == NB_TOKEN_UNDEFINED;
 }
