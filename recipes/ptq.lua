@@ -9,14 +9,7 @@
 -- layer, calibrated, so it needs calib too).
 local nibble = nibble or require("nibble")
 local recipe = nibble.recipe
-local format = arg.format or "nvfp4_w4a16"
-if not recipe.presets[format] then
-  local names = {}
-  for k in pairs(recipe.presets) do names[#names + 1] = k end
-  table.sort(names)
-  error(("ptq.lua: unknown format '%s'%s; known: %s"):format(format, recipe.did_you_mean(format, names),
-    table.concat(names, ", ")), 0)
-end
+local format = recipe.check_preset(arg.format or "nvfp4_w4a16", "ptq.lua")
 
 return nibble.recipe {
   extends = "units/" .. format,

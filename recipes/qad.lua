@@ -17,14 +17,7 @@
 -- checkpoint (in out-checkpoints unless checkpoint_dir) and resume=true continues it bit for bit.
 local nibble = nibble or require("nibble")
 local recipe = nibble.recipe
-local format = arg.format or "nvfp4_w4a16"
-if not recipe.presets[format] then
-  local names = {}
-  for k in pairs(recipe.presets) do names[#names + 1] = k end
-  table.sort(names)
-  error(("qad.lua: unknown format '%s'%s; known: %s"):format(format, recipe.did_you_mean(format, names),
-    table.concat(names, ", ")), 0)
-end
+local format = recipe.check_preset(arg.format or "nvfp4_w4a16", "qad.lua")
 local kds = { kl = true, reverse_kl = true, topk = true }
 local kd = arg.kd or "kl"
 if not kds[kd] then error(("qad.lua: kd must be kl, reverse_kl or topk, got '%s'"):format(kd), 0) end

@@ -260,12 +260,14 @@ end
 
 -- ---- the pipeline ----------------------------------------------------------------------------------
 
+-- logger(quiet): log(fmt, ...) writes one formatted line to stderr (nothing when quiet); qad.run uses it too.
 local function logger(quiet)
   if quiet then return function() end end
   return function(fmt, ...)
     io.stderr:write((select("#", ...) > 0 and fmt:format(...) or fmt) .. "\n")
   end
 end
+M.logger = logger
 
 local function progress_line(quiet)
   if quiet then return nil end

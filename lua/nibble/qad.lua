@@ -17,6 +17,7 @@ local function ctx() return nibble.context() end
 
 local function now() return require("nibble.ptq").now() end
 local function hms(s) return require("nibble.ptq").hms(s) end
+local function logger(quiet) return require("nibble.ptq").logger(quiet) end
 
 local function model_ptr(m) return require("nibble.qmodel").model_ptr(m) end
 
@@ -553,13 +554,6 @@ function Q.step0_eval(path)
 end
 
 -- ---- the recipe pipeline --------------------------------------------------------------------------------
-
-local function logger(quiet)
-  if quiet then return function() end end
-  return function(fmt, ...)
-    io.stderr:write((select("#", ...) > 0 and fmt:format(...) or fmt) .. "\n")
-  end
-end
 
 local function file_exists(p)
   local f = io.open(p, "rb")

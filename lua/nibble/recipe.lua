@@ -95,6 +95,15 @@ local function did_you_mean(word, candidates)
 end
 M.did_you_mean = did_you_mean
 
+-- check_preset(name, where): name when it is one of M.presets, else the error
+-- "<where>: unknown format '<name>' (did you mean ...); known: <every preset>".
+function M.check_preset(name, where)
+  if M.presets[name] then return name end
+  local names = keys_of(M.presets)
+  error(string.format("%s: unknown format '%s'%s; known: %s", where, tostring(name), did_you_mean(tostring(name), names),
+    table.concat(names, ", ")), 0)
+end
+
 local function check_keys(t, allowed, where)
   for k in pairs(t) do
     if type(k) ~= "string" then
@@ -308,11 +317,7 @@ local function normalize_rule(rule, i, label)
   if fmt ~= false and type(fmt) ~= "string" then
     error(string.format("recipe: %s ('%s'): the format must be a preset name or false", label, glob), 0)
   end
-  if type(fmt) == "string" and not M.presets[fmt] then
-    local names = keys_of(M.presets)
-    error(string.format("recipe: %s ('%s'): unknown format '%s'%s; known: %s", label, glob, fmt,
-      did_you_mean(fmt, names), table.concat(names, ", ")), 0)
-  end
+  if type(fmt) == "string" then M.check_preset(fmt, string.format("recipe: %s ('%s')", label, glob)) end
   for k in pairs(rule) do
     if k ~= 1 and k ~= 2 and k ~= 3 and k ~= "optional" and k ~= "from" and k ~= "pos" and k ~= "reason" then
       error(string.format("recipe: %s ('%s'): unknown key '%s'", label, glob, tostring(k)), 0)
