@@ -190,17 +190,26 @@ static void check_input_scale(nb_qformat f, const nb_tensor *act, const cJSON *g
 
 /* ---- per input ---------------------------------------------------------------------------------------- */
 
+enum { WHAT_LEN = 160 };
+
+/* Start one case of an input: ModelOpt's entry `key` in *g, the label "<input> <key>" in what, and a
+ * fresh quantizer of that format. */
+static nb_quantizer *start_case(const cJSON *mo, const char *name, const char *key, nb_qformat f, int is_static,
+                                const cJSON **g, char what[WHAT_LEN]) {
+    *g = get(mo, key);
+    snprintf(what, WHAT_LEN, "%s %s", name, key);
+    return make_q(what, f, is_static);
+}
+
 static void one_input(const char *name, const nb_tensor *w, const nb_tensor *act, const cJSON *mo) {
-    char what[160];
+    char what[WHAT_LEN];
     const cJSON *g;
     nb_quantizer *q;
     nb_tensor *a = NULL;
     CHECK_OK(ctx, nb_tensor_to(ctx, act, w->dtype, &a));   /* ModelOpt fed f32 activations to f32 weights */
 
     /* NVFP4 W4A4: dynamic weight, max-calibrated per-tensor amax; dynamic NVFP4 input quantizer */
-    g = get(mo, "nvfp4");
-    snprintf(what, sizeof what, "%s nvfp4", name);
-    q = make_q(what, NB_FMT_NVFP4, 0);
+    q = start_case(mo, name, "nvfp4", NB_FMT_NVFP4, 0, &g, what);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MAX));
     check_state(q, g, what);
     check_export(q, w, g, what);
@@ -208,18 +217,14 @@ static void one_input(const char *name, const nb_tensor *w, const nb_tensor *act
     nb_quantizer_release(q);
 
     /* NVFP4 static, max calibration (per-block amax, global amax = their max) */
-    g = get(mo, "nvfp4_static");
-    snprintf(what, sizeof what, "%s nvfp4_static", name);
-    q = make_q(what, NB_FMT_NVFP4, 1);
+    q = start_case(mo, name, "nvfp4_static", NB_FMT_NVFP4, 1, &g, what);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MAX));
     check_state(q, g, what);
     check_export(q, w, g, what);
     nb_quantizer_release(q);
 
     /* NVFP4 static, mse (39 multipliers 0.25..4.0) */
-    g = get(mo, "nvfp4_static_mse");
-    snprintf(what, sizeof what, "%s nvfp4_static_mse", name);
-    q = make_q(what, NB_FMT_NVFP4, 1);
+    q = start_case(mo, name, "nvfp4_static_mse", NB_FMT_NVFP4, 1, &g, what);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MAX));
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MSE));
     check_state(q, g, what);
@@ -228,9 +233,7 @@ static void one_input(const char *name, const nb_tensor *w, const nb_tensor *act
     check_export_with_golden_state(NB_FMT_NVFP4, 1, w, g, what);
 
     /* four_over_six */
-    g = get(mo, "nvfp4_46");
-    snprintf(what, sizeof what, "%s nvfp4_46", name);
-    q = make_q(what, NB_FMT_NVFP4_46, 1);
+    q = start_case(mo, name, "nvfp4_46", NB_FMT_NVFP4_46, 1, &g, what);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_FOUR_OVER_SIX));
     check_state(q, g, what);
     check_export(q, w, g, what);
@@ -238,17 +241,13 @@ static void one_input(const char *name, const nb_tensor *w, const nb_tensor *act
     check_export_with_golden_state(NB_FMT_NVFP4_46, 1, w, g, what);
 
     /* MXFP8 (no calibrated state) */
-    g = get(mo, "mxfp8");
-    snprintf(what, sizeof what, "%s mxfp8", name);
-    q = make_q(what, NB_FMT_MXFP8, 0);
+    q = start_case(mo, name, "mxfp8", NB_FMT_MXFP8, 0, &g, what);
     CHECK(nb_quantizer_missing(q) == NULL);
     check_export(q, w, g, what);
     nb_quantizer_release(q);
 
     /* FP8 per tensor (bf16 division for a bf16 model), and its input scale */
-    g = get(mo, "fp8");
-    snprintf(what, sizeof what, "%s fp8", name);
-    q = make_q(what, NB_FMT_FP8_TENSOR, 0);
+    q = start_case(mo, name, "fp8", NB_FMT_FP8_TENSOR, 0, &g, what);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MAX));
     check_state(q, g, what);
     check_export(q, w, g, what);
@@ -256,9 +255,7 @@ static void one_input(const char *name, const nb_tensor *w, const nb_tensor *act
     nb_quantizer_release(q);
 
     /* FP8 per tensor, mse (ModelOpt's fp8_eager fake quant as the metric, amax kept in bf16) */
-    g = get(mo, "fp8_mse");
-    snprintf(what, sizeof what, "%s fp8_mse", name);
-    q = make_q(what, NB_FMT_FP8_TENSOR, 0);
+    q = start_case(mo, name, "fp8_mse", NB_FMT_FP8_TENSOR, 0, &g, what);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MSE));
     if (isinf(field_f32(g, "amax"))) {
         /* Documented ModelOpt defect: near the bf16 maximum every finite candidate's f32 squared error
@@ -281,9 +278,7 @@ static void one_input(const char *name, const nb_tensor *w, const nb_tensor *act
     nb_quantizer_release(q);
 
     /* FP8 per output channel */
-    g = get(mo, "fp8_channel");
-    snprintf(what, sizeof what, "%s fp8_channel", name);
-    q = make_q(what, NB_FMT_FP8_CHANNEL, 0);
+    q = start_case(mo, name, "fp8_channel", NB_FMT_FP8_CHANNEL, 0, &g, what);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MAX));
     check_state(q, g, what);
     check_export(q, w, g, what);
