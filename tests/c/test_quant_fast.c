@@ -244,6 +244,13 @@ static void compare_row(const row_case *rc, const float *x, int64_t n, const nb_
     free(q0); free(q1); free(s0); free(s1); free(y0); free(y1);
 }
 
+/* The row kind of a trial whose lengths cycle with period nlens: each length meets every kind in
+ * turn, and mixed-block rows (-1) four times in KINDS + 4. */
+static int trial_kind(int trial, int nlens) {
+    int kind = (trial / nlens) % (KINDS + 4) - 4;
+    return kind < 0 ? -1 : kind;
+}
+
 static const int64_t NV_LENS[] = {16, 48, 128, 144, 256, 400, 1024, 2064, 4480, 8208};   /* > 4096: several pass-1 chunks */
 static const int64_t MX_LENS[] = {32, 96, 256, 288, 1024, 4096, 4384, 8480};
 static const int64_t FP8_LENS[] = {1, 7, 8, 31, 32, 33, 100, 257, 1024, 4099};
@@ -256,8 +263,7 @@ static void test_nvfp4_rows(void) {
     float *x = malloc(8208 * 4), *bam = malloc(8208 / 16 * 4);
     for (int trial = 0; trial < 1500; trial++) {
         int64_t n = NV_LENS[trial % 10];
-        int kind = (trial / 10) % (KINDS + 4) - 4;   /* -4..-1: mixed blocks; else one kind per row */
-        if (kind < 0) kind = -1;
+        int kind = trial_kind(trial, 10);
         int t = (int)(nbt_rnd32() % 40) - 20;
         gen_row(x, n, 16, kind, t);
         float amax = row_absmax(x, n);
@@ -305,8 +311,7 @@ static void test_mxfp8_rows(void) {
     float *x = malloc(8480 * 4);
     for (int trial = 0; trial < 1200; trial++) {
         int64_t n = MX_LENS[trial % 8];
-        int kind = (trial / 8) % (KINDS + 4) - 4;
-        if (kind < 0) kind = -1;
+        int kind = trial_kind(trial, 8);
         gen_row(x, n, 32, kind, (int)(nbt_rnd32() % 40) - 20);
         nb_qrow_args a;
         memset(&a, 0, sizeof a);
@@ -322,8 +327,7 @@ static void test_fp8_rows(void) {
     float *x = malloc(4100 * 4);
     for (int trial = 0; trial < 1500; trial++) {
         int64_t n = FP8_LENS[trial % 10];
-        int kind = (trial / 10) % (KINDS + 4) - 4;
-        if (kind < 0) kind = -1;
+        int kind = trial_kind(trial, 10);
         gen_row(x, n, 1, kind, (int)(nbt_rnd32() % 40) - 20);
         nb_qrow_args a;
         memset(&a, 0, sizeof a);
@@ -394,8 +398,7 @@ static void test_bf16_kernels(void) {
     nb_qrow_args a;
     for (int trial = 0; trial < 1600; trial++) {
         int64_t n = lens[trial % 10];
-        int kind = (trial / 10) % (KINDS + 4) - 4;
-        if (kind < 0) kind = -1;
+        int kind = trial_kind(trial, 10);
         int t = (int)(nbt_rnd32() % 40) - 20;
         /* NVFP4: the driver's s2, a power of two (E2M1 ties land exactly), arbitrary */
         bf16_row(x, h, n, 16, kind, t);
