@@ -150,6 +150,31 @@ NBQ_DEV void nbq_store(void *y, int dt, int64_t i, float v) {
     else ((uint16_t *)y)[i] = nbq_f32_to_f16(v);
 }
 
+// Eight consecutive elements from element i (i a multiple of 8, x 16-byte aligned for 16-bit
+// dtypes and 32-byte aligned for F32): one or two 16-byte loads instead of eight scalar ones.
+NBQ_DEV void nbq_load8(const void *x, int dt, int64_t i, float v[8]) {
+    if (dt == NB_F32) {
+        const float4 a = ((const float4 *)x)[i / 4], b = ((const float4 *)x)[i / 4 + 1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        return;
+    }
+    const uint4 u = ((const uint4 *)x)[i / 8];
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    for (int k = 0; k < 4; k++) {
+        const uint16_t lo = (uint16_t)(w[k] & 0xFFFFu), hi = (uint16_t)(w[k] >> 16);
+        v[2 * k] = dt == NB_BF16 ? nbq_bf16_to_f32(lo) : nbq_f16_to_f32(lo);
+        v[2 * k + 1] = dt == NB_BF16 ? nbq_bf16_to_f32(hi) : nbq_f16_to_f32(hi);
+    }
+}
+
+// Whether the vector kernels may run: every element count a multiple of 8 per row, and the
+// pointers aligned for nbq_load8 and the 8-byte stores (cudaMalloc gives 256 bytes).
+static inline bool nbq_vec_ok(const void *x, int xdt, const void *q, int64_t n) {
+    const uintptr_t ax = xdt == NB_F32 ? 32 : 16;
+    return n % 8 == 0 && (uintptr_t)x % ax == 0 && (uintptr_t)q % 8 == 0;
+}
+
 // ---- NVFP4 (nvfp4.c) ---------------------------------------------------------------------------
 
 NBQ_DEV float nbq_nvfp4_scale2(float amax, float norm) { return nbq_div(amax, nbq_mul(6.0f, norm)); }

@@ -35,8 +35,46 @@ __global__ void nbq_mxfp8_dequant_kernel(const uint8_t *q, const uint8_t *s, int
     }
 }
 
+// Quantize with four threads per 32-element block, eight elements each: vector loads, the block
+// max by two warp shuffles, one 8-byte store per thread and the scale byte from the first of the
+// four (needs nbq_vec_ok). Every thread of a warp runs the same iterations (the shuffles need them
+// all; rows * n / 8 is a multiple of 4, so a block's four threads are active together).
+__global__ void nbq_mxfp8_quant8_kernel(const void *x, int xdt, int64_t rows, int64_t n, nbq_kargs a, uint8_t *q,
+                                        uint8_t *s) {
+    const int64_t total = rows * (n / 8), stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t base = blockIdx.x * (int64_t)blockDim.x; base < total; base += stride) {
+        const int64_t g = base + threadIdx.x;
+        const bool on = g < total;
+        float v[8];
+        float m = 0.0f;
+        if (on) {
+            nbq_load8(x, xdt, g * 8, v);
+            for (int k = 0; k < 8; k++) {
+                const float t = fabsf(v[k]);
+                if (t > m) m = t;
+            }
+        }
+        for (int off = 1; off < 4; off <<= 1) {
+            const float o = __shfl_xor_sync(0xFFFFFFFFu, m, off);
+            if (o > m) m = o;
+        }
+        if (!on) continue;
+        const uint8_t code = nbq_mx_scale_byte(m, a);
+        const float sf = nbq_pow2(127 - (int)code);
+        if ((g & 3) == 0) s[g / 4] = code;
+        uint32_t w[2] = {0, 0};
+        for (int k = 0; k < 8; k++) w[k / 4] |= (uint32_t)nbq_f32_to_e4m3(nbq_mul(v[k], sf)) << (8 * (k % 4));
+        ((uint2 *)q)[g] = make_uint2(w[0], w[1]);
+    }
+}
+
 cudaError_t nbq_launch_mxfp8(const nbq_launch &l, const nbq_kargs &a) {
     const int threads = 128;
+    if (l.op == NBQ_OP_QUANTIZE && nbq_vec_ok(l.x, l.xdt, l.q, l.n)) {
+        nbq_mxfp8_quant8_kernel<<<nbq_grid(l.rows * (l.n / 8), threads), threads, 0, l.stream>>>(l.x, l.xdt, l.rows, l.n,
+                                                                                                  a, l.q, l.s);
+        return cudaGetLastError();
+    }
     const unsigned grid = nbq_grid(l.rows * (l.n / NB_MXFP8_BLOCK), threads);
     if (l.op == NBQ_OP_DEQUANTIZE)
         nbq_mxfp8_dequant_kernel<<<grid, threads, 0, l.stream>>>(l.qin, l.sin, l.rows, l.n, l.y, l.ydt);

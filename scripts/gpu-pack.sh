@@ -6,6 +6,7 @@
 # libraries they load, and gpu/run.sh. There: `bash gpu/run.sh` (device tool: carry ["gpu"]) runs
 #   nvidia-smi, test_quant_cuda (every CUDA kernel against the scalar reference, bit for bit) and
 #   bench_quant_cuda (throughput vs cudaMemcpy, bytes vs the CPU path) on 8192^2 and 4096^2 BF16,
+#   and the test again under compute-sanitizer's memcheck where that tool exists,
 # and writes the log to $OUT/gpu.log (or /tmp/gpu.log). Exit code: 0 only if all of them passed.
 # Usage: scripts/gpu-pack.sh [BUILD_DIR]   (default /tmp/build-cuda)
 set -euo pipefail
@@ -47,6 +48,11 @@ rc=0
   "$here/bin/bench_quant_cuda"; r=$?; echo "bench_quant_cuda exit $r"; [ $r -eq 0 ] || rc=1
   echo "== bench_quant_cuda 4096 x 4096"
   "$here/bin/bench_quant_cuda" --rows 4096 --cols 4096; r=$?; echo "bench_quant_cuda exit $r"; [ $r -eq 0 ] || rc=1
+  if command -v compute-sanitizer >/dev/null; then
+    echo "== compute-sanitizer memcheck test_quant_cuda"
+    compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 "$here/bin/test_quant_cuda"
+    r=$?; echo "memcheck exit $r"; [ $r -eq 0 ] || rc=1
+  fi
   echo "gpu checks: $([ $rc -eq 0 ] && echo passed || echo FAILED)"
   exit $rc
 } 2>&1 | tee "$log"

@@ -214,6 +214,33 @@ static void test_mx_edges(nb_ctx *ctx) {
     free(x);
 }
 
+/* FP8 rows whose length is not a multiple of 8: the element-per-thread kernels, not the vector ones
+ * (block formats always have n % 8 == 0 and, through the host wrappers, aligned pointers). */
+static void test_fp8_odd_rows(nb_ctx *ctx) {
+    const int64_t rows = 7, n = 1003;
+    float *x = malloc((size_t)(rows * n) * 4), rs[7];
+    for (int trial = 0; trial < 6; trial++) {
+        nb_dtype xdt = trial % 2 ? NB_BF16 : NB_F32;
+        gen(x, rows, n, 1, xdt, (int)(nbt_rnd32() % 10) - 5);
+        if (xdt == NB_BF16)
+            for (int64_t i = 0; i < rows * n; i++) x[i] = nb_bf16_to_f32(nb_f32_to_bf16(x[i]));
+        nb_cuda_qargs a;
+        nb_cuda_qargs_init(&a);
+        a.scale = absmax(x, rows * n) / 448.0f;
+        if (a.scale == 0.0f) a.scale = 1.0f;
+        a.div_dtype = trial < 3 ? NB_F32 : NB_BF16;
+        run_case(ctx, NB_FMT_FP8_TENSOR, x, rows, n, xdt, NB_F32, &a, "fp8 tensor, odd rows");
+        nb_cuda_qargs_init(&a);
+        for (int64_t r = 0; r < rows; r++) {
+            rs[r] = absmax(x + r * n, n) / 448.0f;
+            if (rs[r] == 0.0f) rs[r] = 1.0f;
+        }
+        a.row_scale = rs;
+        run_case(ctx, NB_FMT_FP8_CHANNEL, x, rows, n, xdt, NB_BF16, &a, "fp8 channel, odd rows");
+    }
+    free(x);
+}
+
 static void test_errors(nb_ctx *ctx) {
     nb_cuda_qargs a;
     nb_cuda_qargs_init(&a);
@@ -238,6 +265,7 @@ int main(void) {
     test_errors(ctx);
     test_mx_edges(ctx);
     test_formats(ctx);
+    test_fp8_odd_rows(ctx);
     printf("configurations compared bit for bit with the scalar reference: %lld\n", (long long)n_cases);
     nb_ctx_release(ctx);
     return nbt_done("test_quant_cuda");
