@@ -133,6 +133,15 @@ static float absmax(const float *x, int64_t n) {
     return m;
 }
 
+/* FP8 per channel: each row's amax / 448 (1 for an all-zero row), into rs; returns rs. */
+static const float *fp8_row_scales(const float *x, int64_t rows, int64_t n, float *rs) {
+    for (int64_t r = 0; r < rows; r++) {
+        rs[r] = absmax(x + r * n, n) / 448.0f;
+        if (rs[r] == 0.0f) rs[r] = 1.0f;
+    }
+    return rs;
+}
+
 static void test_formats(nb_ctx *ctx) {
     static const nb_dtype dts[3] = {NB_F32, NB_BF16, NB_F16};
     const int64_t rows = 24, n = 2048;
@@ -183,11 +192,7 @@ static void test_formats(nb_ctx *ctx) {
         a.div_dtype = dts[(trial / 9) % 3];
         run_case(ctx, NB_FMT_FP8_TENSOR, x, rows, n, xdt, ydt, &a, "fp8 tensor");
         nb_cuda_qargs_init(&a);
-        for (int64_t r = 0; r < rows; r++) {
-            rs[r] = absmax(x + r * n, n) / 448.0f;
-            if (rs[r] == 0.0f) rs[r] = 1.0f;
-        }
-        a.row_scale = rs;
+        a.row_scale = fp8_row_scales(x, rows, n, rs);
         run_case(ctx, NB_FMT_FP8_CHANNEL, x, rows, n, xdt, ydt, &a, "fp8 channel");
     }
     free(x); free(bam); free(rs);
@@ -231,11 +236,7 @@ static void test_fp8_odd_rows(nb_ctx *ctx) {
         a.div_dtype = trial < 3 ? NB_F32 : NB_BF16;
         run_case(ctx, NB_FMT_FP8_TENSOR, x, rows, n, xdt, NB_F32, &a, "fp8 tensor, odd rows");
         nb_cuda_qargs_init(&a);
-        for (int64_t r = 0; r < rows; r++) {
-            rs[r] = absmax(x + r * n, n) / 448.0f;
-            if (rs[r] == 0.0f) rs[r] = 1.0f;
-        }
-        a.row_scale = rs;
+        a.row_scale = fp8_row_scales(x, rows, n, rs);
         run_case(ctx, NB_FMT_FP8_CHANNEL, x, rows, n, xdt, NB_BF16, &a, "fp8 channel, odd rows");
     }
     free(x);

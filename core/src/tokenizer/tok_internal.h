@@ -109,6 +109,16 @@ struct nb_tokenizer {
 /* ---- helpers shared by the builder (tok_vocab.c) and the engine ------------------------------ */
 /* static inline: the hashes and the pair lookup sit in the encoder's inner loops */
 
+/* murmur3's 64-bit finalizer: the pair map's hash of two ids, and the end of tok_hash */
+static inline uint64_t tok_pair_hash(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
 static inline uint64_t tok_hash(const char *s, size_t n) {
     /* FNV-1a over 8-byte words with a murmur finalizer: spellings are short, this is plenty */
     uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
@@ -122,22 +132,7 @@ static inline uint64_t tok_hash(const char *s, size_t n) {
     }
     uint64_t w = 0;
     memcpy(&w, s, n);
-    h = (h ^ w) * 0x100000001b3ull;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
-}
-
-static inline uint64_t tok_pair_hash(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return k;
+    return tok_pair_hash((h ^ w) * 0x100000001b3ull);   /* the same finalizer */
 }
 
 static inline int tok_utf8_len(uint8_t c) {
