@@ -2,7 +2,8 @@
  * bit patterns, the table-driven MXFP8 scale byte over every binade edge, every AVX2 row function
  * on random and adversarial rows (zeros, -0, exact E2M1/E4M3 ties, huge, tiny, subnormal, blocks
  * whose scale underflows FP8, NaN-producing zero scales), static and dynamic, the AVX-512 BF16
- * kernels on the same kinds of rows and on every bf16 pattern, and the drivers end to end with every
+ * kernels and the AVX2 NVFP4 threshold-table kernel on the same kinds of rows and on every bf16
+ * pattern (the AVX2 one on AVX2-only CPUs too), and the drivers end to end with every
  * path (odd row counts, rows that are not whole kernel groups, the one-pass NaN/Inf and zero-row
  * errors, nb_quantize_into). Prints which path the dispatcher chose. */
 #include "nbtest.h"
@@ -344,7 +345,9 @@ static void test_fp8_rows(void) {
     free(x);
 }
 
-/* ---- AVX-512 BF16-input kernels ------------------------------------------------------------------- */
+/* ---- BF16-input kernels: AVX-512 (when the CPU has it) and the AVX2 NVFP4 threshold table ------- */
+
+static int HAVE512 = 0;   /* nbq_cpu_has_avx512(): the AVX-512 kernels run only then */
 
 /* A generated row rounded to bf16 (what the kernels read), finite values only; f keeps it as f32. */
 static void bf16_row(float *f, uint16_t *h, int64_t n, int block, int kind, int t) {
@@ -356,11 +359,12 @@ static void bf16_row(float *f, uint16_t *h, int64_t n, int block, int kind, int 
     }
 }
 
-static int64_t n_bf16_rows = 0;
+static int64_t n_bf16_rows = 0, n_avx2_tab_rows = 0;
 
 /* nbq_avx512_quantize_bf16 against the reference row on the same values. */
 static void compare_bf16(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, const uint16_t *h, int64_t n,
                          const nb_qrow_args *a, const char *mode) {
+    if (!HAVE512) return;
     const nb_qformat_traits *tr = nb_qformat_info(f);
     int64_t qb = nbq_is_nvfp4(f) ? n / 2 : n, sbn = tr->block_size ? n / tr->block_size : 0;
     uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
@@ -374,7 +378,7 @@ static void compare_bf16(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, 
     free(q0); free(q1); free(s0); free(s1);
 }
 
-/* The NVFP4 threshold-table kernel against the reference (table built for a->scale). */
+/* The NVFP4 threshold-table kernels (AVX-512, AVX2) against the reference (table built for a->scale). */
 static nbq_nv_table NVTAB;
 static void compare_nv_table(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, const uint16_t *h, int64_t n,
                              const nb_qrow_args *a, const char *mode) {
@@ -383,11 +387,17 @@ static void compare_nv_table(nb_qformat f, nb_qrow_quantize_fn ref, const float 
     uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
     nbq_nv_table_build(a->scale, &NVTAB);
     ref(x, n, a, q0, s0);
-    if (nbq_avx512_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1) == 0) {
+    if (HAVE512 && nbq_avx512_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1) == 0) {
         CHECK_SAME("nvfp4 table", q0, q1, qb, "table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
         CHECK_SAME("nvfp4 table", s0, s1, sbn, "table kernel scales, %s n=%lld", mode, (long long)n);
         n_bf16_rows++;
     }
+    memset(q1, 0xEE, (size_t)qb);
+    memset(s1, 0xEE, (size_t)sbn);
+    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1), 0);
+    CHECK_SAME("nvfp4 table avx2", q0, q1, qb, "avx2 table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
+    CHECK_SAME("nvfp4 table avx2", s0, s1, sbn, "avx2 table kernel scales, %s n=%lld", mode, (long long)n);
+    n_avx2_tab_rows++;
     free(q0); free(q1); free(s0); free(s1);
 }
 
@@ -470,13 +480,17 @@ static void test_bf16_kernels(void) {
     a.scale = 1.0f;
     a.div_dtype = NB_F16;
     uint8_t q[64], sc[4];
-    CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
+    if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
     a.div_dtype = NB_BF16;
     a.scale = 0x1p-110f;
-    CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
+    if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
     a.scale = 1.0f;
     a.global_amax = 1.0f;
-    CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4_46, h, 32, &a, q, sc), 1);
+    if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4_46, h, 32, &a, q, sc), 1);
+    nbq_nv_table_build(a.scale, &NVTAB);
+    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 32, &a, &NVTAB, q, sc), 1);   /* the per-block pick */
+    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_MXFP8, h, 32, &a, &NVTAB, q, sc), 1);
+    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4, h, 32, &a, NULL, q, sc), 1);
     /* NVFP4's division without dividing: every block with the same amax (so one divisor p per row),
      * its other 15 elements sweeping every bf16 magnitude up to it, both signs; 60 divisors */
     {
@@ -498,13 +512,20 @@ static void test_bf16_kernels(void) {
             a.global_amax = trial % 3 == 0 ? am : am * (float)(1.0 + nbt_unif() * 300.0);
             a.scale = nb_nvfp4_scale2(a.global_amax, 448.0f);
             nb_nvfp4_quantize_row_ref(xf, len, &a, q0, s0);
-            CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4, xh, len, &a, q1, s1), 0);
-            CHECK_SAME("nvfp4", q0, q1, len / 2, "one divisor, every magnitude: amax %a s2 %a", (double)am, (double)a.scale);
-            CHECK_SAME("nvfp4", s0, s1, nb, "one divisor, every magnitude (scales)");
             nbq_nv_table_build(a.scale, &NVTAB);
+            if (HAVE512) {
+                CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4, xh, len, &a, q1, s1), 0);
+                CHECK_SAME("nvfp4", q0, q1, len / 2, "one divisor, every magnitude: amax %a s2 %a", (double)am, (double)a.scale);
+                CHECK_SAME("nvfp4", s0, s1, nb, "one divisor, every magnitude (scales)");
+                memset(q1, 0, (size_t)len / 2);
+                CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4, xh, len, &a, &NVTAB, q1, s1), 0);
+                CHECK_SAME("nvfp4 table", q0, q1, len / 2, "one divisor, every magnitude: amax %a s2 %a", (double)am, (double)a.scale);
+            }
             memset(q1, 0, (size_t)len / 2);
-            CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4, xh, len, &a, &NVTAB, q1, s1), 0);
-            CHECK_SAME("nvfp4 table", q0, q1, len / 2, "one divisor, every magnitude: amax %a s2 %a", (double)am, (double)a.scale);
+            memset(s1, 0, (size_t)nb);
+            CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4, xh, len, &a, &NVTAB, q1, s1), 0);
+            CHECK_SAME("nvfp4 table avx2", q0, q1, len / 2, "one divisor, every magnitude: amax %a s2 %a", (double)am, (double)a.scale);
+            CHECK_SAME("nvfp4 table avx2", s0, s1, nb, "one divisor, every magnitude (scales)");
         }
         free(xf); free(xh); free(q0); free(q1); free(s0); free(s1);
     }
@@ -537,11 +558,25 @@ static void test_bf16_kernels(void) {
                 a.div_dtype = NB_BF16;
                 for (int64_t i = 0; i < len / 16; i++) bam[i] = 1.0f;
                 if (kf[k] == NB_FMT_NVFP4_46) a.block_amax = bam;   /* static: no block maxima from the data */
-                CHECK_EQ_INT(nbq_avx512_quantize_bf16(kf[k], h, len, &a, qq, ss), 2);
+                if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(kf[k], h, len, &a, qq, ss), 2);
+                if (!nbq_is_nvfp4(kf[k])) continue;
+                /* the AVX2 table kernel: dynamic (maxima from the data) and static (from bam) */
+                a.scale = nb_nvfp4_scale2(a.global_amax, kf[k] == NB_FMT_NVFP4 ? 448.0f : 256.0f);
+                nbq_nv_table_build(a.scale, &NVTAB);
+                CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(kf[k], h, len, &a, &NVTAB, qq, ss), 2);
+                a.block_amax = bam;
+                CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(kf[k], h, len, &a, &NVTAB, qq, ss), 2);
+                h[at] = 0x3F80;   /* and without it: 0 */
+                CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(kf[k], h, len, &a, &NVTAB, qq, ss), 0);
+                if (kf[k] == NB_FMT_NVFP4) {
+                    a.block_amax = NULL;
+                    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(kf[k], h, len, &a, &NVTAB, qq, ss), 0);
+                }
             }
     free(qq);
     free(ss);
-    printf("avx512 bf16 rows compared bit for bit: %lld\n", (long long)n_bf16_rows);
+    if (HAVE512) printf("avx512 bf16 rows compared bit for bit: %lld\n", (long long)n_bf16_rows);
+    printf("avx2 nvfp4 table rows compared bit for bit: %lld\n", (long long)n_avx2_tab_rows);
     free(x); free(bam); free(h);
 }
 
@@ -624,11 +659,15 @@ static void test_nv_table_mixed(void) {
         if (stat) a.block_amax = bam;
         nbq_nv_table_build(a.scale, &NVTAB);
         nb_nvfp4_quantize_row_ref(x, n, &a, q0, s0);
-        memset(q1, 0, (size_t)n / 2);
-        CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4, h, n, &a, &NVTAB, q1, s1), 0);
-        CHECK_SAME("nvfp4 table mixed", q0, q1, n / 2, "%s amax %a s2 %a", stat ? "static" : "dynamic", (double)amax,
-                   (double)a.scale);
-        CHECK_SAME("nvfp4 table mixed", s0, s1, nb, "scales, amax %a", (double)amax);
+        for (int avx2 = !HAVE512; avx2 < 2; avx2++) {
+            memset(q1, 0, (size_t)n / 2);
+            memset(s1, 0, (size_t)nb);
+            CHECK_EQ_INT(avx2 ? nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4, h, n, &a, &NVTAB, q1, s1)
+                              : nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4, h, n, &a, &NVTAB, q1, s1), 0);
+            CHECK_SAME("nvfp4 table mixed", q0, q1, n / 2, "%s %s amax %a s2 %a", avx2 ? "avx2" : "avx512",
+                       stat ? "static" : "dynamic", (double)amax, (double)a.scale);
+            CHECK_SAME("nvfp4 table mixed", s0, s1, nb, "%s scales, amax %a", avx2 ? "avx2" : "avx512", (double)amax);
+        }
         for (int64_t g = 0; g < nb; g += 16) {
             int in = 0;
             for (int b = 0; b < 16; b++) in += NVTAB.ok[s0[g + b] & 0x7F];
@@ -641,9 +680,10 @@ static void test_nv_table_mixed(void) {
     free(x); free(bam); free(h); free(q0); free(q1); free(s0); free(s1);
 }
 
-/* NVFP4 on a BF16 tensor large enough (4M elements) for the driver's threshold table: dynamic,
- * static and four_over_six static, against the reference path; a NaN in it is still named. */
-static void test_nvfp4_table_driver(nb_ctx *ctx) {
+/* NVFP4 on a BF16 tensor large enough (4M elements) for the driver's threshold table, with `path`
+ * installed (avx512: the AVX-512 table kernel, avx2: the AVX2 one): dynamic, static and
+ * four_over_six static, against the reference path; a NaN in it is still named. */
+static void test_nvfp4_table_driver(nb_ctx *ctx, const char *path) {
     const int64_t shape[2] = {1024, 4096}, bshape[2] = {1024, 256};
     nb_tensor *x = NULL, *bam = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
@@ -669,13 +709,13 @@ static void test_nvfp4_table_driver(nb_ctx *ctx) {
         nb_qparams_init(&p, k == 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
         if (k) p.block_amax = bam;
         nb_qtensor *qa = NULL, *qr = NULL;
+        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
         CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
         CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
         CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
-        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
         if (qa && qr) {
-            CHECK_SAME("nvfp4 table driver", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "case %d", k);
-            CHECK_SAME("nvfp4 table driver", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "case %d", k);
+            CHECK_SAME("nvfp4 table driver", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "case %d, %s", k, path);
+            CHECK_SAME("nvfp4 table driver", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "case %d, %s", k, path);
         }
         nb_qtensor_release(qa);
         nb_qtensor_release(qr);
@@ -686,7 +726,9 @@ static void test_nvfp4_table_driver(nb_ctx *ctx) {
     p.block_amax = bam;
     p.name = "big.weight";
     nb_qtensor *q = NULL;
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
     CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, "big.weight: NaN at flat index 3182595 (element [777, 3])");
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
     nb_tensor_release(x);
     nb_tensor_release(bam);
 }
@@ -844,17 +886,16 @@ int main(void) {
     test_mxfp8_rows();
     test_fp8_rows();
     test_drivers(ctx, "avx2");
-    if (nbq_cpu_has_avx512()) {
-        test_bf16_kernels();
-        test_nv_table_mixed();
-        test_drivers(ctx, "avx512");
-    } else {
-        printf("no AVX-512 F/BW/VL/DQ on this CPU: the BF16 kernels were not run\n");
-    }
+    HAVE512 = nbq_cpu_has_avx512();
+    test_bf16_kernels();   /* the AVX-512 kernels only with HAVE512; the AVX2 table kernel always */
+    test_nv_table_mixed();
+    if (HAVE512) test_drivers(ctx, "avx512");
+    else printf("no AVX-512 F/BW/VL/DQ on this CPU: only the AVX2 BF16 table kernel was run\n");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
     test_fused_driver(ctx);
     test_channel_next_rows(ctx);
-    if (nbq_cpu_has_avx512()) test_nvfp4_table_driver(ctx);
+    test_nvfp4_table_driver(ctx, "avx2");
+    if (HAVE512) test_nvfp4_table_driver(ctx, "avx512");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
     test_fused_driver(ctx);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));

@@ -91,6 +91,14 @@ void nbq_nv_table_finish(nbq_nv_table *t);
 /* nbq_avx512_quantize_bf16 for NVFP4 / static NVFP4_46 rows with a table built for a->scale. */
 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
                                 const nbq_nv_table *tab, uint8_t *q, uint8_t *s);
+/* The same for the AVX2 path (fast_avx2.c, only call when nbq_cpu_has_avx2()): NVFP4 / static
+ * NVFP4_46 BF16 rows bit-equal to the reference, from a table built for a->scale (tab required).
+ * Returns as nbq_avx512_quantize_bf16: 1 for NVFP4_46 without block amax (or another format). */
+int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
+                              const nbq_nv_table *tab, uint8_t *q, uint8_t *s);
+/* Whether nb_quantize may use nbq_avx2_nvfp4_table_bf16 for format f: f's installed quantize row is
+ * the AVX2 one (the "avx2" or "avx512" path, not replaced by nb_qformat_set_rows). */
+int nbq_avx2_nv_table_for(nb_qformat f);
 /* Whether nb_quantize may use nbq_avx512_quantize_bf16 for format f: the "avx512" path is installed
  * and f still has its AVX2 rows (nb_qformat_set_rows has not replaced them). */
 int nbq_bf16_kernels_for(nb_qformat f);

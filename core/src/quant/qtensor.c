@@ -458,8 +458,9 @@ static void dequant_range(void *arg, int64_t begin, int64_t end) {
 
 /* One pass over the rows: the NaN/Inf check (when no amax pass ran), FP8_CHANNEL's row amax (when it
  * comes from the data) and the quantization, a row at a time while the row is in cache. BF16 rows go
- * to the AVX-512 kernels when the "avx512" path is installed, other rows through an f32 row buffer
- * and the format's row function. */
+ * to the AVX-512 kernels when the "avx512" path is installed, NVFP4 BF16 rows of large tensors to the
+ * AVX2 threshold-table kernel on the "avx2" path, other rows through an f32 row buffer and the
+ * format's row function. */
 typedef struct quant_job {
     nbq_plan *plan;
     const uint8_t *x;
@@ -469,6 +470,7 @@ typedef struct quant_job {
     int check_rows;         /* NaN/Inf scan per row (no amax pass before) */
     const nbq_nv_table *nvtab;   /* NVFP4 on large BF16 tensors: the threshold table for s2 */
     int bf16;               /* use nbq_avx512_quantize_bf16 */
+    int avx2tab;            /* "avx2" path: rows by nbq_avx2_nvfp4_table_bf16 with nvtab */
     int failed, nonfinite;
 } quant_job;
 
@@ -515,11 +517,13 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
     }
     for (int64_t r = begin; r < end; r++) {
         const uint8_t *xr = j->x + r * xb;
-        int kernel = j->bf16 && !j->row_scale_out;   /* the kernel checks NaN/Inf itself */
+        int kernel = (j->bf16 && !j->row_scale_out) || j->avx2tab;   /* the kernel checks NaN/Inf itself */
         if (kernel) {
             nbq_plan_row(pl, r, &a);
-            int st = j->nvtab ? nbq_avx512_nvfp4_table_bf16(pl->fmt, (const uint16_t *)xr, n, &a, j->nvtab, j->q + r * qb, j->s + r * sb)
-                              : nbq_avx512_quantize_bf16(pl->fmt, (const uint16_t *)xr, n, &a, j->q + r * qb, j->s ? j->s + r * sb : NULL);
+            const uint16_t *x16 = (const uint16_t *)xr;
+            int st = j->avx2tab ? nbq_avx2_nvfp4_table_bf16(pl->fmt, x16, n, &a, j->nvtab, j->q + r * qb, j->s + r * sb)
+                   : j->nvtab ? nbq_avx512_nvfp4_table_bf16(pl->fmt, x16, n, &a, j->nvtab, j->q + r * qb, j->s + r * sb)
+                              : nbq_avx512_quantize_bf16(pl->fmt, x16, n, &a, j->q + r * qb, j->s ? j->s + r * sb : NULL);
             if (st == 2) __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
             if (st != 1) continue;
         }
@@ -606,7 +610,11 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
                    .row_scale_out = channel ? nb_tensor_data(q->scale) : NULL, .check_rows = !need_amax,
                    .bf16 = xc->dtype == NB_BF16 && nbq_bf16_kernels_for(p->format)};
     nbq_nv_table *tab = NULL;
-    if (j.bf16 && nbq_is_nvfp4(p->format) && plan.rows * plan.n >= ((int64_t)1 << 20) &&
+    /* NVFP4 and static NVFP4_46 (the per-block pick has no fixed divisors per scale byte): on the
+     * "avx512" path the BF16 kernel, on the "avx2" path (installed AVX2 rows) the AVX2 one */
+    int tab_fmt = p->format == NB_FMT_NVFP4 || (p->format == NB_FMT_NVFP4_46 && p->block_amax);
+    int avx2tab = !j.bf16 && tab_fmt && xc->dtype == NB_BF16 && nbq_avx2_nv_table_for(p->format);
+    if ((j.bf16 || avx2tab) && tab_fmt && plan.rows * plan.n >= ((int64_t)1 << 20) &&
         (tab = aligned_alloc(64, (sizeof *tab + 63) & ~(size_t)63))) {   /* rows on cache lines */
         /* ~50 us of exact divisions (one thread) make the kernel ~2.5x faster, ~0.2 ns per element
          * per thread: paid back from ~250K elements */
@@ -614,6 +622,7 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
         nb_parallel_for(ctx, 128, 8, nvtab_range, &tj);
         nbq_nv_table_finish(tab);
         j.nvtab = tab;
+        j.avx2tab = avx2tab;
     }
     nb_parallel_for(ctx, plan.rows, grain_for(plan.n), quant_range, &j);
     free(tab);
