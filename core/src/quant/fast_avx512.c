@@ -617,11 +617,11 @@ NB_AVX512VBMI static int64_t fp8_table512(const uint16_t *x, int64_t n, float sc
     uint32_t lu;
     memcpy(&lu, &lim, 4);
     __m512i tiny = i16((int)((lu >> 16) + 1));
-    __m512i c7fff = i16(0x7FFF), c7f = i16(0x7F), c7f80 = i16(0x7F80), c7e = i16(0x7E), c80 = i16(0x80);
+    __m512i c7fff = i16(0x7FFF), c7f80 = i16(0x7F80), c7e = i16(0x7E), c80 = i16(0x80);
     __m512i vm = *vmax, nm = nmax ? *nmax : _mm512_setzero_si512();
     /* opaque to GCC, so the constants stay in registers instead of being rebuilt in the loop (a
      * rare reference call clobbers every vector register, and GCC prefers rematerializing) */
-    __asm__("" : "+v"(tiny), "+v"(c7fff), "+v"(c7f), "+v"(c7f80), "+v"(c7e), "+v"(c80));
+    __asm__("" : "+v"(tiny), "+v"(c7fff), "+v"(c7f80), "+v"(c7e), "+v"(c80));
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512i v = _mm512_loadu_si512((const void *)(x + i));
@@ -629,8 +629,9 @@ NB_AVX512VBMI static int64_t fp8_table512(const uint16_t *x, int64_t n, float sc
         vm = _mm512_max_epu16(vm, mag);
         if (nx) nm = _mm512_max_epu16(nm, _mm512_and_si512(_mm512_loadu_si512((const void *)(nx + i)), c7fff));
         __mmask32 slow = _mm512_test_epi16_mask(mag, mag) & _mm512_cmplt_epu16_mask(mag, tiny);
-        /* T[m] into the low byte of each 16-bit lane (the high bytes' lookups are zeroed) */
-        __m512i t = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, tlo, _mm512_and_si512(v, c7f), thi);
+        /* T[m] into the low byte of each 16-bit lane (the high bytes' lookups are zeroed); VPERMI2B
+         * reads only bits 6:0 of an index byte, so the exponent bit above m needs no mask */
+        __m512i t = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, tlo, v, thi);
         __m512i e8 = _mm512_srli_epi16(_mm512_and_si512(mag, c7f80), 4);   /* 8 * E */
         __m512i code = _mm512_min_epu16(_mm512_subs_epu16(_mm512_add_epi16(e8, t), k), c7e);
         code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(v, 8), c80, 0xF8);
