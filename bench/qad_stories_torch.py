@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_qad import nvfp4_fake  # noqa: E402
+from bench_qad import quantize  # noqa: E402
 
 
 def main():
@@ -46,25 +46,7 @@ def main():
         p.requires_grad_(False)
     bos = teacher.config.bos_token_id
 
-    linears = {n: m for n, m in student.named_modules()
-               if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head") and m.in_features % 16 == 0}
-    amax = {n: m.weight.detach().abs().max() for n, m in linears.items()}
-    for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
-        for n in list(linears):
-            if n.endswith("." + group[0]):
-                names = [n[: -len(group[0])] + g for g in group]
-                shared = torch.stack([amax[x] for x in names]).max()
-                for x in names:
-                    amax[x] = shared
-
-    def make_forward(mod, am):
-        def forward(x):
-            w = mod.weight
-            return F.linear(x, w + (nvfp4_fake(w, am) - w).detach(), mod.bias)   # pass-through STE
-        return forward
-
-    for n, m in linears.items():
-        m.forward = make_forward(m, amax[n].clone())
+    quantize(student)   # bench_qad.py's fake quant: NVFP4 on every Linear but lm_head, STE, fused amax
 
     valid = torch.from_numpy(np.fromfile(os.path.join(a.dump, "valid.i32"), dtype=np.int32).astype(np.int64))
 
