@@ -517,14 +517,11 @@ NB_AVX512BF16 static inline __m512i rne_pair_hw(__m512 qe, __m512 qo) {
     return _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(qo, qe));
 }
 
+/* __builtin_cpu_supports reads a bit of the global the first __builtin_cpu_init filled (later calls
+ * return at once): no cache of our own is needed for these per-row checks. */
 static int cpu_has_avx512bf16(void) {
-    static int cached = -1;
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v >= 0) return v;
     __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx512bf16");
-    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    return v;
+    return __builtin_cpu_supports("avx512bf16");
 }
 
 NB_AVX512 __attribute__((always_inline)) static inline int64_t fp8_steps(const uint16_t *x, int64_t n, float sc,
@@ -574,14 +571,9 @@ NB_AVX512BF16 static int64_t fp8_steps512_bf16(const uint16_t *x, int64_t n, flo
 
 #define NB_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c")))
 
-static int cpu_has_avx512vbmi(void) {
-    static int cached = -1;
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v >= 0) return v;
+static int cpu_has_avx512vbmi(void) {   /* as cpu_has_avx512bf16 */
     __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx512vbmi");
-    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    return v;
+    return __builtin_cpu_supports("avx512vbmi");
 }
 
 /* Scaling x by 2^k scales x / sc by 2^k exactly, and every rounding on the way (f32, bf16, E4M3)
