@@ -400,13 +400,6 @@ NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n
     return worst >= 0x7F80u ? 2 : 0;
 }
 
-int nbq_avx2_nv_table_for(nb_qformat f) {
-    const nb_qformat_traits *t = nb_qformat_info(f);
-    if (!t) return 0;
-    return f == NB_FMT_NVFP4 ? t->quantize_row == nbq_avx2_nvfp4_quantize_row
-         : f == NB_FMT_NVFP4_46 ? t->quantize_row == nbq_avx2_nvfp4_46_quantize_row : 0;
-}
-
 /* ---- MXFP8 --------------------------------------------------------------------------------------- */
 
 /* Whole groups of 8 blocks a chunk at a time (pass 1 the scale bytes and factors, pass 2 the elements),
@@ -678,11 +671,6 @@ int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const 
                               const nbq_nv_table *tab, uint8_t *q, uint8_t *s) {
     (void)f; (void)x; (void)n; (void)a; (void)tab; (void)q; (void)s;
     return 1;
-}
-
-int nbq_avx2_nv_table_for(nb_qformat f) {
-    (void)f;
-    return 0;
 }
 
 #endif

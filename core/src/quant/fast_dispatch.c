@@ -246,9 +246,10 @@ nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *w
  * the traits table it sits beside. */
 static int BF16_KERNELS = 0;
 
-int nbq_bf16_kernels_for(nb_qformat f) {
+/* f's installed quantize row is the AVX2 one (the "avx2" or "avx512" path, not replaced by
+ * nb_qformat_set_rows): the condition for every kernel that bypasses the rows. */
+static int avx2_row_installed(nb_qformat f) {
 #if NBQ_X86
-    if (!__atomic_load_n(&BF16_KERNELS, __ATOMIC_RELAXED)) return 0;
     const nb_qformat_traits *t = nb_qformat_info(f);
     if (!t) return 0;
     switch (f) {
@@ -263,6 +264,14 @@ int nbq_bf16_kernels_for(nb_qformat f) {
     (void)f;
     return 0;
 #endif
+}
+
+int nbq_bf16_kernels_for(nb_qformat f) {
+    return __atomic_load_n(&BF16_KERNELS, __ATOMIC_RELAXED) && avx2_row_installed(f);
+}
+
+int nbq_avx2_nv_table_for(nb_qformat f) {
+    return (f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46) && avx2_row_installed(f);
 }
 
 static nb_status install_avx2(nb_ctx *ctx) {
