@@ -359,21 +359,48 @@ static void bf16_row(float *f, uint16_t *h, int64_t n, int block, int kind, int 
     }
 }
 
-static int64_t n_bf16_rows = 0, n_avx2_tab_rows = 0;
+static int64_t n_bf16_rows = 0, n_avx2_tab_rows = 0, n_avx2_bf16_rows = 0;
 
-/* nbq_avx512_quantize_bf16 against the reference row on the same values. */
+/* Whether nbq_avx2_quantize_bf16 takes these arguments (else it must answer 1: the f32 row). */
+static int avx2_bf16_handles(nb_qformat f, const nb_qrow_args *a) {
+    if (f == NB_FMT_MXFP8) return 1;
+    if (f != NB_FMT_FP8_TENSOR && f != NB_FMT_FP8_CHANNEL) return 0;
+    return (a->div_dtype == NB_F32 || a->div_dtype == NB_BF16) && a->scale >= 0x1p-100f && a->scale <= 0x1p100f;
+}
+
+/* nbq_avx512_quantize_bf16 (with AVX-512) and, for MXFP8 / FP8, nbq_avx2_quantize_bf16 (every AVX2
+ * CPU) against the reference row on the same values. */
 static void compare_bf16(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, const uint16_t *h, int64_t n,
                          const nb_qrow_args *a, const char *mode) {
-    if (!HAVE512) return;
     const nb_qformat_traits *tr = nb_qformat_info(f);
     int64_t qb = nbq_is_nvfp4(f) ? n / 2 : n, sbn = tr->block_size ? n / tr->block_size : 0;
     uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
     uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
     ref(x, n, a, q0, s0);
-    if (nbq_avx512_quantize_bf16(f, h, n, a, q1, s1) == 0) {
+    if (HAVE512 && nbq_avx512_quantize_bf16(f, h, n, a, q1, s1) == 0) {
         CHECK_SAME(tr->name, q0, q1, qb, "avx512 bf16 data, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
         CHECK_SAME(tr->name, s0, s1, sbn, "avx512 bf16 scales, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
         n_bf16_rows++;
+    }
+    if (f == NB_FMT_MXFP8 || f == NB_FMT_FP8_TENSOR || f == NB_FMT_FP8_CHANNEL) {
+        memset(q1, 0xEE, (size_t)qb);
+        memset(s1, 0xEE, (size_t)sbn);
+        int want = avx2_bf16_handles(f, a) ? 0 : 1, st = nbq_avx2_quantize_bf16(f, h, n, a, q1, s1);
+        CHECK_EQ_INT(st, want);
+        if (st == 0) {
+            CHECK_SAME(tr->name, q0, q1, qb, "avx2 bf16 data, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+            CHECK_SAME(tr->name, s0, s1, sbn, "avx2 bf16 scales, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+            n_avx2_bf16_rows++;
+        }
+        if (f != NB_FMT_MXFP8) {   /* the per-channel entry, with and without a next row */
+            uint32_t nm = 0xDEAD;
+            memset(q1, 0xEE, (size_t)qb);
+            CHECK_EQ_INT(nbq_avx2_fp8_row_next_bf16(h, n, a, q1, h, &nm), want);
+            uint32_t want_nm = 0;
+            for (int64_t i = 0; i < n; i++) want_nm = (uint32_t)(h[i] & 0x7FFF) > want_nm ? (uint32_t)(h[i] & 0x7FFF) : want_nm;
+            CHECK_EQ_INT(nm, want_nm);
+            if (want == 0) CHECK_SAME(tr->name, q0, q1, qb, "avx2 bf16 next-row entry, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+        }
     }
     free(q0); free(q1); free(s0); free(s1);
 }
@@ -576,6 +603,7 @@ static void test_bf16_kernels(void) {
     free(qq);
     free(ss);
     if (HAVE512) printf("avx512 bf16 rows compared bit for bit: %lld\n", (long long)n_bf16_rows);
+    printf("avx2 mxfp8/fp8 bf16 rows compared bit for bit: %lld\n", (long long)n_avx2_bf16_rows);
     printf("avx2 nvfp4 table rows compared bit for bit: %lld\n", (long long)n_avx2_tab_rows);
     free(x); free(bam); free(h);
 }

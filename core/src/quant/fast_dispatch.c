@@ -274,6 +274,10 @@ int nbq_avx2_nv_table_for(nb_qformat f) {
     return (f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46) && avx2_row_installed(f);
 }
 
+int nbq_avx2_bf16_for(nb_qformat f) {
+    return (f == NB_FMT_MXFP8 || f == NB_FMT_FP8_TENSOR || f == NB_FMT_FP8_CHANNEL) && avx2_row_installed(f);
+}
+
 static nb_status install_avx2(nb_ctx *ctx) {
 #if NBQ_X86
     nb_status s;

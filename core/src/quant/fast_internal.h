@@ -99,6 +99,25 @@ int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const 
 /* Whether nb_quantize may use nbq_avx2_nvfp4_table_bf16 for format f: f's installed quantize row is
  * the AVX2 one (the "avx2" or "avx512" path, not replaced by nb_qformat_set_rows). */
 int nbq_avx2_nv_table_for(nb_qformat f);
+/* MXFP8, FP8 per tensor and FP8 per channel BF16 rows on the AVX2 path (fast_avx2.c, only call when
+ * nbq_cpu_has_avx2()), bit-equal to the reference rows: MXFP8 on the bf16 patterns (the E8M0 scale is
+ * a power of two), FP8 by a per-(scale, division dtype) E4M3 table looked up with VPSHUFB. Returns as
+ * nbq_avx512_quantize_bf16: 0 done, 2 the row holds a NaN/Inf, 1 not handled (NVFP4 formats, FP8 with
+ * an f16 division or a scale outside [2^-100, 2^100]): then run the f32 row. */
+int nbq_avx2_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                           uint8_t *s);
+/* nbq_avx512_fp8_row_next_bf16 for the AVX2 path: an FP8 row (per channel: the table is built for this
+ * row's scale) that also collects the next row's largest magnitude pattern into *next_max (set whenever
+ * next is given, whatever the return). */
+int nbq_avx2_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                               const uint16_t *next, uint32_t *next_max);
+/* For the tests: 1 when the AVX2 FP8 table for divisor sc (normal, in [2^-100, 2^100]) and division
+ * dtype dd (NB_F32 / NB_BF16) splits into the two 16-entry VPSHUFB tables (fast_avx2.c proves it
+ * always does; the kernel checks every table it builds all the same and runs the f32 row if not). */
+int nbq_avx2_fp8_table_ok(float sc, int32_t dd);
+/* Whether nb_quantize may use nbq_avx2_quantize_bf16 / nbq_avx2_fp8_row_next_bf16 for format f: f is
+ * MXFP8 or FP8 and its installed quantize row is the AVX2 one. */
+int nbq_avx2_bf16_for(nb_qformat f);
 /* Whether nb_quantize may use nbq_avx512_quantize_bf16 for format f: the "avx512" path is installed
  * and f still has its AVX2 rows (nb_qformat_set_rows has not replaced them). */
 int nbq_bf16_kernels_for(nb_qformat f);

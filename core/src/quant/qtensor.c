@@ -458,9 +458,12 @@ static void dequant_range(void *arg, int64_t begin, int64_t end) {
 
 /* One pass over the rows: the NaN/Inf check (when no amax pass ran), FP8_CHANNEL's row amax (when it
  * comes from the data) and the quantization, a row at a time while the row is in cache. BF16 rows go
- * to the AVX-512 kernels when the "avx512" path is installed, NVFP4 BF16 rows of large tensors to the
- * AVX2 threshold-table kernel on the "avx2" path, other rows through an f32 row buffer and the
- * format's row function. */
+ * to the AVX-512 kernels when the "avx512" path is installed; on the "avx2" path MXFP8 / FP8 BF16 rows
+ * go to the AVX2 BF16 kernels and NVFP4 BF16 rows of large tensors to the AVX2 threshold-table kernel;
+ * other rows through an f32 row buffer and the format's row function. */
+typedef int (*bf16_row_fn)(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+typedef int (*bf16_next_fn)(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q, const uint16_t *next,
+                            uint32_t *next_max);
 typedef struct quant_job {
     nbq_plan *plan;
     const uint8_t *x;
@@ -469,7 +472,8 @@ typedef struct quant_job {
     float *row_scale_out;   /* FP8_CHANNEL from the data: the qtensor's scale, written per row */
     int check_rows;         /* NaN/Inf scan per row (no amax pass before) */
     const nbq_nv_table *nvtab;   /* NVFP4 on large BF16 tensors: the threshold table for s2 */
-    int bf16;               /* use nbq_avx512_quantize_bf16 */
+    bf16_row_fn bf16;       /* BF16 row kernel (nbq_avx512_quantize_bf16 / nbq_avx2_quantize_bf16) or NULL */
+    bf16_next_fn bf16_next; /* its FP8-per-channel form that also takes the next row's max */
     int avx2tab;            /* "avx2" path: rows by nbq_avx2_nvfp4_table_bf16 with nvtab */
     int failed, nonfinite;
 } quant_job;
@@ -502,7 +506,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
             pl->row_scale[r] = j->row_scale_out[r] = m / 448.0f;
             nbq_plan_row(pl, r, &a);
             uint8_t *qr = j->q + r * qb;
-            int st = nbq_avx512_fp8_row_next_bf16(xr, n, &a, qr, next, &nb);
+            int st = j->bf16_next(xr, n, &a, qr, next, &nb);
             mb = nb;
             if (st != 1) continue;
             if (!buf && !(buf = malloc((size_t)n * sizeof(float)))) {
@@ -523,7 +527,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
             const uint16_t *x16 = (const uint16_t *)xr;
             int st = j->avx2tab ? nbq_avx2_nvfp4_table_bf16(pl->fmt, x16, n, &a, j->nvtab, j->q + r * qb, j->s + r * sb)
                    : j->nvtab ? nbq_avx512_nvfp4_table_bf16(pl->fmt, x16, n, &a, j->nvtab, j->q + r * qb, j->s + r * sb)
-                              : nbq_avx512_quantize_bf16(pl->fmt, x16, n, &a, j->q + r * qb, j->s ? j->s + r * sb : NULL);
+                              : j->bf16(pl->fmt, x16, n, &a, j->q + r * qb, j->s ? j->s + r * sb : NULL);
             if (st == 2) __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
             if (st != 1) continue;
         }
@@ -542,7 +546,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
         }
         nbq_plan_row(pl, r, &a);
         uint8_t *qr = j->q + r * qb, *sr = j->s ? j->s + r * sb : NULL;
-        if (j->bf16 && !kernel && nbq_avx512_quantize_bf16(pl->fmt, (const uint16_t *)xr, n, &a, qr, sr) != 1) continue;
+        if (j->bf16 && !kernel && j->bf16(pl->fmt, (const uint16_t *)xr, n, &a, qr, sr) != 1) continue;
         if (!buf && !(buf = malloc((size_t)n * sizeof(float)))) {
             __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
             return;
@@ -607,8 +611,14 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
         memcpy(nb_tensor_data(q->scale), plan.row_scale, (size_t)plan.rows * sizeof(float));
     quant_job j = {.plan = &plan, .x = nb_tensor_data(xc), .xdt = xc->dtype, .q = nb_tensor_data(q->data),
                    .s = plan.tr->block_size ? nb_tensor_data(q->scale) : NULL,
-                   .row_scale_out = channel ? nb_tensor_data(q->scale) : NULL, .check_rows = !need_amax,
-                   .bf16 = xc->dtype == NB_BF16 && nbq_bf16_kernels_for(p->format)};
+                   .row_scale_out = channel ? nb_tensor_data(q->scale) : NULL, .check_rows = !need_amax};
+    if (xc->dtype == NB_BF16 && nbq_bf16_kernels_for(p->format)) {
+        j.bf16 = nbq_avx512_quantize_bf16;
+        j.bf16_next = nbq_avx512_fp8_row_next_bf16;
+    } else if (xc->dtype == NB_BF16 && nbq_avx2_bf16_for(p->format)) {   /* MXFP8, FP8 */
+        j.bf16 = nbq_avx2_quantize_bf16;
+        j.bf16_next = nbq_avx2_fp8_row_next_bf16;
+    }
     nbq_nv_table *tab = NULL;
     /* NVFP4 and static NVFP4_46 (the per-block pick has no fixed divisors per scale byte): on the
      * "avx512" path the BF16 kernel, on the "avx2" path (installed AVX2 rows) the AVX2 one */
