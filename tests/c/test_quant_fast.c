@@ -495,8 +495,9 @@ static void test_bf16_kernels(void) {
             a.div_dtype = NB_F32;
             compare_bf16(NB_FMT_FP8_CHANNEL, nb_fp8_quantize_row_ref, x, h, 4096, &a, "fp8 f32 div, all patterns");
         }
+        for (a.mx_floor = 0; a.mx_floor < 2; a.mx_floor++)
+            compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, 4096, &a, a.mx_floor ? "mxfp8 floor, all patterns" : "mxfp8 ceil, all patterns");
         a.mx_floor = 0;
-        compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, 4096, &a, "mxfp8, all patterns");
         a.global_amax = amax;
         a.scale = nb_nvfp4_scale2(amax, 448.0f);
         compare_bf16(NB_FMT_NVFP4, nb_nvfp4_quantize_row_ref, x, h, 4096, &a, "nvfp4, all patterns");
@@ -508,9 +509,22 @@ static void test_bf16_kernels(void) {
     a.div_dtype = NB_F16;
     uint8_t q[64], sc[4];
     if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
+    CHECK_EQ_INT(nbq_avx2_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
+    {
+        uint32_t nm = 0;
+        CHECK_EQ_INT(nbq_avx2_fp8_row_next_bf16(h, 32, &a, q, h + 32, &nm), 1);   /* the next row's max all the same */
+        uint32_t want = 0;
+        for (int i = 32; i < 64; i++) want = (uint32_t)(h[i] & 0x7FFF) > want ? (uint32_t)(h[i] & 0x7FFF) : want;
+        CHECK_EQ_INT(nm, want);
+    }
     a.div_dtype = NB_BF16;
     a.scale = 0x1p-110f;
     if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
+    CHECK_EQ_INT(nbq_avx2_quantize_bf16(NB_FMT_FP8_CHANNEL, h, 32, &a, q, sc), 1);
+    a.scale = 0x1.8p100f;
+    CHECK_EQ_INT(nbq_avx2_quantize_bf16(NB_FMT_FP8_TENSOR, h, 32, &a, q, sc), 1);
+    a.scale = 1.0f;
+    CHECK_EQ_INT(nbq_avx2_quantize_bf16(NB_FMT_NVFP4, h, 32, &a, q, sc), 1);   /* NVFP4 has its own AVX2 kernel */
     a.scale = 1.0f;
     a.global_amax = 1.0f;
     if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4_46, h, 32, &a, q, sc), 1);
@@ -608,15 +622,219 @@ static void test_bf16_kernels(void) {
     free(x); free(bam); free(h);
 }
 
+/* ---- the AVX2 MXFP8 / FP8 BF16 kernels: edges the random rows rarely reach ----------------------- */
+
+/* h[0, n) -> x as f32 (the reference's input). */
+static void bf16_to_f32_row(const uint16_t *h, int64_t n, float *x) {
+    for (int64_t i = 0; i < n; i++) x[i] = nb_bf16_to_f32(h[i]);
+}
+
+/* A random bf16 of magnitude at most mag (a pattern), random sign. */
+static uint16_t bf16_below(uint32_t mag) {
+    return (uint16_t)((nbt_rnd32() % (mag + 1)) | ((nbt_rnd32() & 1) ? 0x8000u : 0u));
+}
+
+static void test_avx2_bf16_kernels(void) {
+    const int64_t cap = 8192;
+    float *x = malloc((size_t)cap * 4);
+    uint16_t *h = malloc((size_t)cap * 2), *h2 = malloc((size_t)cap * 2);
+    uint8_t *q = malloc((size_t)cap), *s = malloc((size_t)cap / 32 + 1);
+    nb_qrow_args a;
+    int64_t rows0 = n_avx2_bf16_rows;
+    /* the FP8 table splits into the two VPSHUFB tables for every divisor (fast_avx2.c proves it; all
+     * 2^23 mantissas were checked by hand): a sample of divisors across [2^-100, 2^100], both dtypes */
+    int split_bad = 0;
+    for (int i = 0; i < (1 << 14); i++) {
+        uint32_t u = (uint32_t)(27 + nbt_rnd32() % 200) << 23 | (nbt_rnd32() & 0x7FFFFFu);
+        if (i < 4) u = i == 0 ? 0x3F800000u : i == 1 ? 0x3F7FFFFFu : i == 2 ? 0x0D800000u : 0x71800000u;   /* 1, 1-ulp, 2^-100, 2^100 */
+        for (int dd = 0; dd < 2; dd++) split_bad += !nbq_avx2_fp8_table_ok(nbt_u2f(u), dd ? NB_BF16 : NB_F32);
+    }
+    CHECK_EQ_INT(split_bad, 0);
+    CHECK_EQ_INT(nbq_avx2_fp8_table_ok(0x1p-101f, NB_F32), 0);   /* outside the kernel's range: f32 rows */
+    CHECK_EQ_INT(nbq_avx2_fp8_table_ok(1.0f, NB_F16), 0);
+    /* every bf16 pattern against 24 divisors (exact powers of two, mantissa extremes, 448 = 1.75 * 2^8,
+     * the range ends, random), both division dtypes, per tensor and per channel (and the next-row entry) */
+    static const uint32_t fixed[] = {0x3F800000u, 0x3F7FFFFFu, 0x3FC00000u, 0x3FE00000u, 0x0D800000u, 0x71800000u, 0x3A800001u};
+    for (int t = 0; t < 24; t++) {
+        float dv = t < 7 ? nbt_u2f(fixed[t]) : ldexpf((float)(1.0 + nbt_unif()), (int)(nbt_rnd32() % 181) - 90);
+        for (int dd = 0; dd < 2; dd++)
+            for (uint32_t base = 0; base < 0x10000; base += 4096) {
+                bf16_patterns(base, h, x);
+                memset(&a, 0, sizeof a);
+                a.scale = dv;
+                a.div_dtype = dd ? NB_BF16 : NB_F32;
+                compare_bf16((t + dd + (int)(base >> 12)) & 1 ? NB_FMT_FP8_CHANNEL : NB_FMT_FP8_TENSOR, nb_fp8_quantize_row_ref,
+                             x, h, 4096, &a, dd ? "fp8 bf16 div, every pattern, 24 divisors" : "fp8 f32 div, every pattern, 24 divisors");
+            }
+    }
+    /* MXFP8 scale bytes: a block for every finite bf16 block max P (the closed form of the E8M0 byte),
+     * its other elements below it, both rules; 128 blocks per row */
+    for (int fl = 0; fl < 2; fl++)
+        for (uint32_t p0 = 0; p0 < 0x7F80; p0 += 128) {
+            for (int k = 0; k < 128; k++) {
+                uint32_t P = p0 + (uint32_t)k;
+                for (int i = 0; i < 32; i++) h[k * 32 + i] = bf16_below(P);
+                h[k * 32 + (k * 7) % 32] = (uint16_t)(P | ((nbt_rnd32() & 1) ? 0x8000u : 0u));
+            }
+            bf16_to_f32_row(h, 4096, x);
+            memset(&a, 0, sizeof a);
+            a.mx_floor = fl;
+            compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, 4096, &a, fl ? "mxfp8 floor, every block max" : "mxfp8 ceil, every block max");
+        }
+    /* lanes for the reference (E4M3-subnormal results and their neighbours) at every position of a
+     * 64-element iteration, so in both halves of each packed pair; rows with a lone 32-element step and
+     * a scalar tail (FP8) or tail blocks (MXFP8) */
+    static const float fscales[3] = {0.02f / 448.0f, 1.0f, 3.7e-3f};
+    for (int si = 0; si < 3; si++)
+        for (int r = 0; r < 64; r++) {
+            const int64_t n = 4096 + 32 + 7;
+            float sc = fscales[si];
+            for (int64_t i = 0; i < n; i++) {
+                float v = (float)nb_rng_normal(&nbt_rng) * sc * 100.0f;
+                if (i % 64 == r || i % 64 == (r + 37) % 64)   /* quotients 2^-12 .. 2^-5 */
+                    v = sc * ldexpf((float)(1.0 + nbt_unif()), -12 + (int)(nbt_rnd32() % 7)) * ((nbt_rnd32() & 1) ? -1.0f : 1.0f);
+                h[i] = nb_f32_to_bf16(v);
+            }
+            bf16_to_f32_row(h, n, x);
+            memset(&a, 0, sizeof a);
+            a.scale = sc;
+            for (int dd = 0; dd < 2; dd++) {
+                a.div_dtype = dd ? NB_BF16 : NB_F32;
+                compare_bf16(dd ? NB_FMT_FP8_TENSOR : NB_FMT_FP8_CHANNEL, nb_fp8_quantize_row_ref, x, h, n, &a, "fp8, slow lanes at every position");
+            }
+        }
+    for (int r = 0; r < 32; r++) {
+        const int64_t n = 4096 + 3 * 32;   /* 16 groups of 8 blocks, 3 tail blocks */
+        for (int64_t b = 0; b < n / 32; b++) {
+            int t = (int)(nbt_rnd32() % 60) - 30;   /* block amax 448 * 2^t: code t + 127 under both rules */
+            for (int i = 0; i < 32; i++) {
+                float v = ldexpf((float)nb_rng_normal(&nbt_rng), t + 6);
+                if (i == r || i == (r + 13) % 32) v = ldexpf((float)(1.0 + nbt_unif()), t - 12 + (int)(nbt_rnd32() % 7));   /* scaled 2^-12 .. 2^-5 */
+                if (fabsf(v) > ldexpf(448.0f, t)) v = 0.0f;
+                h[b * 32 + i] = (uint16_t)(nb_f32_to_bf16(v) | ((nbt_rnd32() & 1) ? 0x8000u : 0u));
+            }
+            h[b * 32 + (r + 5) % 32] = nb_f32_to_bf16(ldexpf(448.0f, t));
+        }
+        bf16_to_f32_row(h, n, x);
+        memset(&a, 0, sizeof a);
+        for (a.mx_floor = 0; a.mx_floor < 2; a.mx_floor++)
+            compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, n, &a, "mxfp8, slow lanes at every position");
+    }
+    /* zero rows (+0 and -0), and rows of bf16 subnormals only */
+    for (int k = 0; k < 4; k++) {
+        const int64_t n = 4096 + 32;
+        for (int64_t i = 0; i < n; i++)
+            h[i] = k < 2 ? (uint16_t)(((i ^ k) & 1) ? 0x8000 : 0) : bf16_below(0x7F);
+        bf16_to_f32_row(h, n, x);
+        memset(&a, 0, sizeof a);
+        a.mx_floor = k & 1;
+        compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, n, &a, k < 2 ? "mxfp8 zero row" : "mxfp8 subnormal row");
+        a.scale = k < 2 ? 1.0f : 0x1p-100f;
+        a.div_dtype = k & 1 ? NB_BF16 : NB_F32;
+        compare_bf16(NB_FMT_FP8_TENSOR, nb_fp8_quantize_row_ref, x, h, n - 3, &a, k < 2 ? "fp8 zero row" : "fp8 subnormal row");
+    }
+    /* a NaN or Inf anywhere (both pairs of an iteration, a lone step, the scalar tail, MXFP8's tail
+     * blocks) is reported: 2; the next-row entry reports the next row's too, through *next_max */
+    static const int64_t at[] = {0, 1, 15, 16, 31, 32, 47, 63, 64, 100, 2047, 4095, 4096, 4111, 4127, 4130};
+    static const uint16_t badv[4] = {0x7FC0, 0x7F80, 0xFF80, 0xFFC1};
+    int reported = 0, checked = 0;
+    for (int b = 0; b < 4; b++)
+        for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+            const int64_t nf = 4131, nm = 4128;
+            for (int64_t i = 0; i < nf; i++) h[i] = h2[i] = nb_f32_to_bf16((float)nb_rng_normal(&nbt_rng));
+            h[at[k]] = badv[b];
+            memset(&a, 0, sizeof a);
+            a.scale = 0.01f;
+            for (int dd = 0; dd < 2; dd++) {
+                a.div_dtype = dd ? NB_BF16 : NB_F32;
+                reported += nbq_avx2_quantize_bf16(dd ? NB_FMT_FP8_TENSOR : NB_FMT_FP8_CHANNEL, h, nf, &a, q, NULL) == 2;
+                uint32_t nmx = 0;
+                reported += nbq_avx2_fp8_row_next_bf16(h, nf, &a, q, h2, &nmx) == 2;
+                reported += nbq_avx2_fp8_row_next_bf16(h2, nf, &a, q, h, &nmx) == 0 && nmx >= 0x7F80u;
+                checked += 3;
+            }
+            if (at[k] < nm)
+                for (a.mx_floor = 0; a.mx_floor < 2; a.mx_floor++) {
+                    reported += nbq_avx2_quantize_bf16(NB_FMT_MXFP8, h, nm, &a, q, s) == 2;
+                    checked++;
+                }
+            h[at[k]] = 0x3F80;   /* and without it: 0 */
+            a.div_dtype = NB_BF16;
+            CHECK_EQ_INT(nbq_avx2_quantize_bf16(NB_FMT_FP8_TENSOR, h, nf, &a, q, NULL), 0);
+            CHECK_EQ_INT(nbq_avx2_quantize_bf16(NB_FMT_MXFP8, h, nm, &a, q, s), 0);
+        }
+    CHECK_EQ_INT(reported, checked);
+    printf("avx2 mxfp8/fp8 edge rows compared bit for bit: %lld; NaN/Inf reported %d of %d\n",
+           (long long)(n_avx2_bf16_rows - rows0), reported, checked);
+    free(x); free(h); free(h2); free(q); free(s);
+}
+
+/* FP8 (per tensor from the data with either division dtype, calibrated, per channel from the data and
+ * calibrated) and MXFP8 (both rules) on a BF16 tensor of 4M elements with `path` installed, split over
+ * the context's threads, against the reference path; a NaN in it is still named. */
+static void test_fp8_mx_driver(nb_ctx *ctx, const char *path) {
+    const int64_t shape[2] = {1024, 4096}, cshape[1] = {1024};
+    nb_tensor *x = NULL, *cam = NULL;
+    CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
+    CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 1, cshape, &cam));
+    if (!x || !cam) return;
+    uint16_t *h = nb_tensor_data(x);
+    float *cd = nb_tensor_data(cam);
+    for (int64_t r = 0; r < 1024; r++) {
+        float row[4096], m = 0.0f;
+        gen_row(row, 4096, 32, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
+        for (int64_t i = 0; i < 4096; i++) {
+            float v = isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f;
+            h[r * 4096 + i] = nb_f32_to_bf16(v);
+            m = fmaxf(m, fabsf(nb_bf16_to_f32(h[r * 4096 + i])));
+        }
+        cd[r] = m == 0.0f ? 1.0f : r % 3 ? m : m * 0.75f;   /* calibrated below the data's max too: clamps */
+    }
+    for (int k = 0; k < 7; k++) {
+        nb_qparams p;
+        nb_qparams_init(&p, k < 3 ? NB_FMT_FP8_TENSOR : k < 5 ? NB_FMT_FP8_CHANNEL : NB_FMT_MXFP8);
+        if (k == 1) p.fp8_div_dtype = NB_F32;
+        if (k == 2) p.amax = 3.25f;
+        if (k == 4) p.channel_amax = cam;
+        if (k == 6) p.mx_floor = 1;
+        nb_qtensor *qa = NULL, *qr = NULL;
+        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
+        CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
+        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
+        CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
+        if (qa && qr) {
+            CHECK_SAME("fp8/mxfp8 driver", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "case %d, %s", k, path);
+            CHECK_SAME("fp8/mxfp8 driver", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "case %d, %s", k, path);
+        }
+        nb_qtensor_release(qa);
+        nb_qtensor_release(qr);
+    }
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
+    h[901 * 4096 + 4095] = 0xFF80;
+    for (int k = 0; k < 3; k++) {
+        nb_qparams p;
+        nb_qparams_init(&p, k == 0 ? NB_FMT_FP8_TENSOR : k == 1 ? NB_FMT_FP8_CHANNEL : NB_FMT_MXFP8);
+        if (k == 0) p.amax = 3.25f;   /* calibrated: the kernels' own check */
+        p.name = "big.weight";
+        nb_qtensor *q = NULL;
+        CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, "big.weight: -Inf at flat index 3694591 (element [901, 4095])");
+        CHECK(q == NULL);
+    }
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+    nb_tensor_release(x);
+    nb_tensor_release(cam);
+}
+
 /* FP8 per channel on BF16 rows long enough for the table kernel, where each row's kernel also reads
  * the next row's max: a NaN, an Inf or an all-zero row anywhere (first, middle, last row of a
  * thread's range) is reported as before, and clean tensors match the reference path. */
-static void test_channel_next_rows(nb_ctx *ctx) {
+static void test_channel_next_rows(nb_ctx *ctx, const char *path) {
     const int64_t shape[2] = {6, 2048};
     nb_tensor *x = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
     if (!x) return;
     uint16_t *h = nb_tensor_data(x);
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
     for (int where = 0; where < 6; where++) {
         for (int kind = 0; kind < 3; kind++) {
             for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&nbt_rng) * (float)(1 + i / 2048));
@@ -638,7 +856,7 @@ static void test_channel_next_rows(nb_ctx *ctx) {
             CHECK(q == NULL);
         }
     }
-    /* clean: avx512 == reference */
+    /* clean: the path == reference */
     for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&nbt_rng) * (float)(1 + i / 2048));
     nb_qparams p;
     nb_qparams_init(&p, NB_FMT_FP8_CHANNEL);
@@ -648,8 +866,8 @@ static void test_channel_next_rows(nb_ctx *ctx) {
     CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
     if (qa && qr) {
-        CHECK_SAME("fp8_channel", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "next-row kernel");
-        CHECK_SAME("fp8_channel", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "next-row scales");
+        CHECK_SAME("fp8_channel", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "next-row kernel, %s", path);
+        CHECK_SAME("fp8_channel", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "next-row scales, %s", path);
     }
     nb_qtensor_release(qa);
     nb_qtensor_release(qr);
@@ -915,15 +1133,21 @@ int main(void) {
     test_fp8_rows();
     test_drivers(ctx, "avx2");
     HAVE512 = nbq_cpu_has_avx512();
-    test_bf16_kernels();   /* the AVX-512 kernels only with HAVE512; the AVX2 table kernel always */
+    test_bf16_kernels();   /* the AVX-512 kernels only with HAVE512; the AVX2 ones always */
+    test_avx2_bf16_kernels();
     test_nv_table_mixed();
     if (HAVE512) test_drivers(ctx, "avx512");
     else printf("no AVX-512 F/BW/VL/DQ on this CPU: only the AVX2 BF16 table kernel was run\n");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
     test_fused_driver(ctx);
-    test_channel_next_rows(ctx);
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "avx2"));
+    test_fused_driver(ctx);
+    test_channel_next_rows(ctx, "avx2");
+    if (HAVE512) test_channel_next_rows(ctx, "avx512");
     test_nvfp4_table_driver(ctx, "avx2");
     if (HAVE512) test_nvfp4_table_driver(ctx, "avx512");
+    test_fp8_mx_driver(ctx, "avx2");
+    if (HAVE512) test_fp8_mx_driver(ctx, "avx512");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
     test_fused_driver(ctx);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
