@@ -544,6 +544,12 @@ NB_AVX2 void nbq_avx2_fp8_fake_row(const float *x, int64_t n, const nb_qrow_args
 
 enum { FP8_B = 104, FP8_SLOW = 48, MX_B = 32, MX_SLOW = 40, MX_REF_CODE = 12 };
 
+/* Elements ahead that the kernels prefetch in the stream they read from memory (the row, or the next
+ * row for FP8 per channel): 2 KiB, past the ends of rows and 4 KiB pages where the hardware streamer
+ * stops (prefetches never fault, so running past the tensor is harmless). On a 4096x4096 tensor, 2
+ * threads: FP8 per tensor 2.7-3.1 -> 2.1-2.3 ms, per channel 3.2-3.9 -> 2.8-3.0 ms (a shared machine). */
+enum { NBQ_PF_AHEAD = 1024 };
+
 /* Reference FP8 codes of bf16 elements (fp8.c's arithmetic on exact bf16 -> f32 values). */
 static void fp8_ref_bf16(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q) {
     for (int64_t i = 0; i < n; i++) {
@@ -729,6 +735,9 @@ NB_AVX2 __attribute__((always_inline)) static inline int64_t fp8_tab_steps(const
     for (; i + 64 <= n; i += 64) {
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)(x + i)), v1 = _mm256_loadu_si256((const __m256i *)(x + i + 16));
         const __m256i v2 = _mm256_loadu_si256((const __m256i *)(x + i + 32)), v3 = _mm256_loadu_si256((const __m256i *)(x + i + 48));
+        const uint16_t *pf = (next ? nx : x) + i + NBQ_PF_AHEAD;
+        _mm_prefetch((const char *)pf, _MM_HINT_T0);
+        _mm_prefetch((const char *)(pf + 32), _MM_HINT_T0);
         if (next) {
             __m256i a = _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(nx + i)), c.m7fff),
                                          _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(nx + i + 16)), c.m7fff));
@@ -893,6 +902,7 @@ NB_AVX2 static int64_t mx_groups(const uint16_t *x, int64_t n, const nb_qrow_arg
         for (int b = 0; b < 8; b++) {
             const uint16_t *xb = xg + b * NB_MXFP8_BLOCK;
             uint8_t *qb = q + (g + b) * NB_MXFP8_BLOCK;
+            _mm_prefetch((const char *)(xb + NBQ_PF_AHEAD), _MM_HINT_T0);
             const __m256i C = _mm256_set1_epi32(cc[b]);
             const __m256i v0 = _mm256_loadu_si256((const __m256i *)xb), v1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
             __m256i h0 = _mm256_add_epi16(_mm256_and_si256(v0, m7fff), _mm256_and_si256(_mm256_srli_epi16(v0, 4), one));
