@@ -2,9 +2,9 @@
  * nvfp4.c / mxfp8.c / fp8.c: the same f32 operations (IEEE division, products, no FMA contraction),
  * in the same order, with the same clamps and the same round-to-nearest-even bit tricks, 8 lanes
  * at a time. Each function carries target("avx2,fma,f16c") so the rest of libnibble stays baseline
- * x86-64; fast_dispatch.c installs these only when the CPU has them. NVFP4 on large BF16 tensors
- * also has a kernel that reads the BF16 rows and codes elements from a threshold table (nb_quantize's
- * driver, qtensor.c). */
+ * x86-64; fast_dispatch.c installs these only when the CPU has them. nb_quantize's driver (qtensor.c)
+ * also has kernels here that read BF16 rows directly: NVFP4 on large tensors from a threshold table,
+ * MXFP8 on the bf16 patterns, FP8 from a per-scale E4M3 table split into VPSHUFB lookups. */
 #include <math.h>
 #include <string.h>
 

@@ -111,7 +111,7 @@ int nbq_avx2_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_
  * next is given, whatever the return). */
 int nbq_avx2_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                                const uint16_t *next, uint32_t *next_max);
-/* For the tests: 1 when the AVX2 FP8 table for divisor sc (normal, in [2^-100, 2^100]) and division
+/* For the tests (AVX2 CPUs): 1 when the AVX2 FP8 table for divisor sc (normal, in [2^-100, 2^100]) and division
  * dtype dd (NB_F32 / NB_BF16) splits into the two 16-entry VPSHUFB tables (fast_avx2.c proves it
  * always does; the kernel checks every table it builds all the same and runs the f32 row if not). */
 int nbq_avx2_fp8_table_ok(float sc, int32_t dd);
