@@ -544,11 +544,6 @@ NB_AVX2 void nbq_avx2_fp8_fake_row(const float *x, int64_t n, const nb_qrow_args
 
 enum { FP8_B = 104, FP8_SLOW = 48, MX_B = 32, MX_SLOW = 40, MX_REF_CODE = 12 };
 
-/* Elements ahead that the kernels prefetch in the stream they read from memory (the row, or the next
- * row for FP8 per channel): 2 KiB, past the ends of rows and 4 KiB pages where the hardware streamer
- * stops (prefetches never fault, so running past the tensor is harmless). On a 4096x4096 tensor, 2
- * threads: FP8 per tensor 2.7-3.1 -> 2.1-2.3 ms, per channel 3.2-3.9 -> 2.8-3.0 ms (a shared machine). */
-enum { NBQ_PF_AHEAD = 1024 };
 
 /* Reference FP8 codes of bf16 elements (fp8.c's arithmetic on exact bf16 -> f32 values). */
 static void fp8_ref_bf16(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q) {

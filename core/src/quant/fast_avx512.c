@@ -640,6 +640,12 @@ NB_AVX512VBMI static int64_t fp8_table512(const uint16_t *x, int64_t n, float sc
     /* two steps per iteration, packed to bytes by one VPACKUSWB + VPERMQ (codes <= 0xFE) instead of
      * two VPMOVWB: 12 instead of 15 vector uops per 32 elements, all of them on the two 512-bit ports */
     for (; i + 64 <= n; i += 64) {
+        {   /* the stream read from memory: the next row for FP8 per channel (1.44 -> 1.17 ms median,
+             * 4096x4096, 2 threads), else this row (no measurable change) */
+            const uint16_t *pf = (nx ? nx : x) + i + NBQ_PF_AHEAD;
+            _mm_prefetch((const char *)pf, _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + 32), _MM_HINT_T0);
+        }
         __m512i v0 = _mm512_loadu_si512((const void *)(x + i)), v1 = _mm512_loadu_si512((const void *)(x + i + 32));
         if (nx) {
             nm = _mm512_max_epu16(nm, _mm512_and_si512(_mm512_loadu_si512((const void *)(nx + i)), c7fff));

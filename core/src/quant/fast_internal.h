@@ -126,4 +126,10 @@ void nbq_avx2_load_f32(const void *src, nb_dtype dt, int64_t n, float *out);
 void nbq_avx2_store_f32(void *dst, nb_dtype dt, int64_t n, const float *in);
 float nbq_avx2_absmax(const void *src, nb_dtype dt, int64_t n, int *nonfinite);
 
+/* Elements ahead that the BF16 kernels (AVX2 and AVX-512) prefetch in the stream they read from memory (the row, or the next
+ * row for FP8 per channel): 2 KiB, past the ends of rows and 4 KiB pages where the hardware streamer
+ * stops (prefetches never fault, so running past the tensor is harmless). On a 4096x4096 tensor, 2
+ * threads, AVX2: FP8 per tensor 2.7-3.1 -> 2.1-2.3 ms, per channel 3.2-3.9 -> 2.8-3.0 ms (a shared machine). */
+enum { NBQ_PF_AHEAD = 1024 };
+
 #endif
