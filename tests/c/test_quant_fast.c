@@ -359,7 +359,7 @@ static void bf16_row(float *f, uint16_t *h, int64_t n, int block, int kind, int 
     }
 }
 
-static int64_t n_bf16_rows = 0, n_avx2_tab_rows = 0, n_avx2_bf16_rows = 0;
+static int64_t n_bf16_rows = 0, n_avx2_tab_rows = 0, n_avx2_bf16_rows = 0, n_mx512_rows = 0;
 
 /* Whether nbq_avx2_quantize_bf16 takes these arguments (else it must answer 1: the f32 row). */
 static int avx2_bf16_handles(nb_qformat f, const nb_qrow_args *a) {
@@ -377,10 +377,15 @@ static void compare_bf16(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, 
     uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
     uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
     ref(x, n, a, q0, s0);
-    if (HAVE512 && nbq_avx512_quantize_bf16(f, h, n, a, q1, s1) == 0) {
+    memset(q1, 0xEE, (size_t)qb);   /* a byte the kernel forgets to write shows */
+    memset(s1, 0xEE, (size_t)sbn);
+    int st512 = HAVE512 ? nbq_avx512_quantize_bf16(f, h, n, a, q1, s1) : -1;
+    if (HAVE512 && f == NB_FMT_MXFP8) CHECK_EQ_INT(st512, 0);   /* every finite MXFP8 row is the kernel's */
+    if (st512 == 0) {
         CHECK_SAME(tr->name, q0, q1, qb, "avx512 bf16 data, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
         CHECK_SAME(tr->name, s0, s1, sbn, "avx512 bf16 scales, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
         n_bf16_rows++;
+        if (f == NB_FMT_MXFP8) n_mx512_rows++;
     }
     if (f == NB_FMT_MXFP8 || f == NB_FMT_FP8_TENSOR || f == NB_FMT_FP8_CHANNEL) {
         memset(q1, 0xEE, (size_t)qb);
@@ -623,6 +628,7 @@ static void test_bf16_kernels(void) {
 }
 
 /* ---- the AVX2 MXFP8 / FP8 BF16 kernels: edges the random rows rarely reach ----------------------- */
+/* (compare_bf16 runs the AVX-512 kernel on every one of these rows too, and requires MXFP8 to take them) */
 
 /* h[0, n) -> x as f32 (the reference's input). */
 static void bf16_to_f32_row(const uint16_t *h, int64_t n, float *x) {
@@ -735,7 +741,8 @@ static void test_avx2_bf16_kernels(void) {
     }
     /* a NaN or Inf anywhere (both pairs of an iteration, a lone step, the scalar tail, MXFP8's tail
      * blocks) is reported: 2; the next-row entry reports the next row's too, through *next_max */
-    static const int64_t at[] = {0, 1, 15, 16, 31, 32, 47, 63, 64, 100, 2047, 4095, 4096, 4111, 4127, 4130};
+    /* (each block of an AVX-512 MXFP8 group of 8: 0, 32, 64, 100, 133, 191, 208, 225; 4096..4127: its tail block) */
+    static const int64_t at[] = {0, 1, 15, 16, 31, 32, 47, 63, 64, 100, 133, 191, 208, 225, 2047, 4095, 4096, 4111, 4127, 4130};
     static const uint16_t badv[4] = {0x7FC0, 0x7F80, 0xFF80, 0xFFC1};
     int reported = 0, checked = 0;
     for (int b = 0; b < 4; b++)
@@ -757,16 +764,68 @@ static void test_avx2_bf16_kernels(void) {
                 for (a.mx_floor = 0; a.mx_floor < 2; a.mx_floor++) {
                     reported += nbq_avx2_quantize_bf16(NB_FMT_MXFP8, h, nm, &a, q, s) == 2;
                     checked++;
+                    if (HAVE512) {
+                        reported += nbq_avx512_quantize_bf16(NB_FMT_MXFP8, h, nm, &a, q, s) == 2;
+                        checked++;
+                    }
                 }
             h[at[k]] = 0x3F80;   /* and without it: 0 */
             a.div_dtype = NB_BF16;
             CHECK_EQ_INT(nbq_avx2_quantize_bf16(NB_FMT_FP8_TENSOR, h, nf, &a, q, NULL), 0);
             CHECK_EQ_INT(nbq_avx2_quantize_bf16(NB_FMT_MXFP8, h, nm, &a, q, s), 0);
+            if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_MXFP8, h, nm, &a, q, s), 0);
         }
     CHECK_EQ_INT(reported, checked);
     printf("avx2 mxfp8/fp8 edge rows compared bit for bit: %lld; NaN/Inf reported %d of %d\n",
            (long long)(n_avx2_bf16_rows - rows0), reported, checked);
     free(x); free(h); free(h2); free(q); free(s);
+}
+
+/* The MXFP8 BF16 kernels (AVX2, AVX-512) on every element magnitude under every block exponent: for
+ * each biased exponent E of the block max P = E << 7 | j (j cycling through the closed form's edges
+ * 0, 96, 97, 127 and random ones), every magnitude 0..P as an element (random signs), 31 to a block
+ * with P at a position that moves; every fifth block instead has a random max of its own (so
+ * reference blocks, code < 12, sit among vector ones and the scale changes inside a group). Both
+ * rules; the row lengths leave every number of tail blocks. */
+static void test_mx_bf16_sweep(void) {
+    const int64_t cap = 1400 * 32;
+    float *x = malloc((size_t)cap * 4);
+    uint16_t *h = malloc((size_t)cap * 2);
+    nb_qrow_args a;
+    int64_t rows0 = n_avx2_bf16_rows, r512 = n_mx512_rows, elems = 0;
+    for (int fl = 0; fl < 2; fl++)
+        for (uint32_t E = 0; E < 255; E++) {
+            static const uint32_t js[4] = {0, 96, 97, 127};
+            uint32_t k = (E * 2 + (uint32_t)fl) % 5, P = E << 7 | (k < 4 ? js[k] : nbt_rnd32() % 128);
+            int64_t n = 0;
+            uint32_t next = 0;   /* the next magnitude of the sweep */
+            for (int64_t b = 0; next <= P; b++) {
+                uint16_t *hb = h + b * 32;
+                if (b % 5 == 4) {   /* a block with a random max of its own */
+                    uint32_t Q = nbt_rnd32() % 0x7F80;
+                    for (int i = 0; i < 32; i++) hb[i] = bf16_below(Q);
+                    hb[nbt_rnd32() % 32] = (uint16_t)Q;
+                } else {
+                    int at = (int)(b % 32);
+                    for (int i = 0; i < 32; i++) {
+                        uint32_t m = i == at ? P : next <= P ? next++ : nbt_rnd32() % (P + 1);
+                        hb[i] = (uint16_t)(m | ((nbt_rnd32() & 1) ? 0x8000u : 0u));
+                    }
+                }
+                n += 32;
+            }
+            bf16_to_f32_row(h, n, x);
+            memset(&a, 0, sizeof a);
+            a.mx_floor = fl;
+            compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, n, &a, fl ? "mxfp8 floor, every magnitude under every exponent" : "mxfp8 ceil, every magnitude under every exponent");
+            elems += n;
+        }
+    printf("mxfp8 bf16 sweep: %lld elements; rows compared bit for bit: avx2 %lld, avx512 %lld\n", (long long)elems,
+           (long long)(n_avx2_bf16_rows - rows0), (long long)(n_mx512_rows - r512));
+    CHECK_EQ_INT(n_avx2_bf16_rows - rows0, 510);
+    if (HAVE512) CHECK_EQ_INT(n_mx512_rows - r512, 510);
+    free(x);
+    free(h);
 }
 
 /* FP8 (per tensor from the data with either division dtype, calibrated, per channel from the data and
@@ -1135,6 +1194,7 @@ int main(void) {
     HAVE512 = nbq_cpu_has_avx512();
     test_bf16_kernels();   /* the AVX-512 kernels only with HAVE512; the AVX2 ones always */
     test_avx2_bf16_kernels();
+    test_mx_bf16_sweep();
     test_nv_table_mixed();
     if (HAVE512) test_drivers(ctx, "avx512");
     else printf("no AVX-512 F/BW/VL/DQ on this CPU: only the AVX2 BF16 table kernel was run\n");

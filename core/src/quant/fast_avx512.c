@@ -9,7 +9,8 @@
  *  - E4M3 rounding of an f32 value goes through bf16 rounded to odd (7 >= 3 + 2 mantissa bits, so
  *    the second rounding to nearest-even equals the direct one).
  * Lanes in E4M3's subnormal range, bf16 subnormal inputs and tiny quotients take the reference path
- * too. Block maxima are a reduction tree over 16 blocks at once on the integer bf16 magnitudes.
+ * too. Block maxima are a reduction tree over 16 blocks (NVFP4) or 8 (MXFP8) at once on the integer
+ * bf16 magnitudes.
  * NVFP4 on large tensors skips the quotients altogether: a per-tensor threshold table built with the
  * reference's own division (nbq_nv_table, fast_internal.h) gives each element's E2M1 code from three
  * compares of its bf16 magnitude; scale bytes outside the table's range take the reference. */
@@ -126,21 +127,9 @@ NB_AVX512 static inline __m512 tree16(const __m512i t[8]) {
 
 /* ---- element encoders ------------------------------------------------------------------------------ */
 
-/* E4M3 codes of 32 bf16 magnitudes `a` (u16, finite), sign from bit 15 of `sgn`: clamp to 448, RNE
- * on the 4 low bits with the carry into the exponent, rebias 127 -> 7. Lanes below 2^-6 are E4M3
- * subnormals: below 2^-10 they round to 0; in [2^-10, 2^-6) they are marked in *slow. */
-NB_AVX512 static inline __m512i e4m3_mag16(__m512i a, __m512i sgn, __mmask32 *slow) {
-    __m512i qc = _mm512_min_epu16(a, i16(0x43E0));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(qc, 4), i16(1));
-    /* (qc + lsb + 7 - 0x3C00) >> 4, saturating at 0 below 2^-7: those lanes are 0 or marked slow */
-    __m512i code = _mm512_srli_epi16(_mm512_subs_epu16(_mm512_add_epi16(qc, lsb), i16(0x3C00 - 7)), 4);
-    *slow |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(qc, i16(0x3A80)), i16(0x3C80 - 0x3A80));   /* [2^-10, 2^-6) */
-    return _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(sgn, 8), i16(0x80), 0xF8);   /* code | (sgn>>8 & 0x80) */
-}
-
 /* E4M3 codes of 32 bf16 magnitudes `a` that are 0 or >= 2^-6 (the caller sends the E4M3 subnormal
- * range to the reference), sign from bit 15 of `sgn`: e4m3_mag16 without its subnormal test; the
- * saturating rebias leaves 0 for a = 0. */
+ * range to the reference), sign from bit 15 of `sgn`: clamp to 448, RNE on the 4 low bits with the
+ * carry into the exponent, rebias 127 -> 7; the saturating rebias leaves 0 for a = 0. */
 NB_AVX512 static inline __m512i e4m3_normal16(__m512i a, __m512i sgn) {
     __m512i qc = _mm512_min_epu16(a, i16(0x43E0));
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(qc, 4), i16(1));
@@ -401,39 +390,28 @@ NB_AVX512 static int64_t nv_tab_groups512(const uint16_t *x, int64_t n, const nb
     return nb;
 }
 
-/* ---- MXFP8 ------------------------------------------------------------------------------------------ */
+/* ---- MXFP8 on the bf16 patterns ---------------------------------------------------------------------- */
 
-/* E8M0 bytes of 16 block maxima (nbq_mx_scale_byte_fast in lanes; subnormal descales go scalar). */
-NB_AVX512 static inline __m512i mx_codes16(__m512 bam, int ocp_floor, const uint32_t *tab) {
-    __m512i code;
-    __mmask16 special;
-    if (ocp_floor) {
-        __m512i u = _mm512_castps_si512(bam);
-        __mmask16 nz = _mm512_test_epi32_mask(u, u);
-        code = _mm512_sub_epi32(_mm512_srli_epi32(u, 23), i32v(8));
-        code = _mm512_min_epi32(_mm512_max_epi32(code, _mm512_setzero_si512()), i32v(254));
-        code = _mm512_maskz_mov_epi32(nz, code);
-        special = nz & _mm512_cmplt_epu32_mask(u, i32v(0x00800000));
-    } else {
-        __m512i u = _mm512_castps_si512(_mm512_div_ps(bam, _mm512_set1_ps(448.0f)));
-        __mmask16 nz = _mm512_test_epi32_mask(u, u);
-        __m512i idx = _mm512_srli_epi32(u, 23);
-        __m512i thr = _mm512_i32gather_epi32(_mm512_min_epi32(idx, i32v(254)), (const void *)tab, 4);
-        code = _mm512_mask_add_epi32(idx, _mm512_cmpge_epu32_mask(u, thr), idx, i32v(1));
-        code = _mm512_maskz_mov_epi32(nz, _mm512_min_epi32(code, i32v(254)));
-        special = nz & _mm512_cmplt_epu32_mask(u, i32v(0x00800000));
-    }
-    if (special) {
-        uint32_t c[16];
-        float am[16];
-        _mm512_storeu_si512((void *)c, code);
-        _mm512_storeu_ps(am, bam);
-        for (int b = 0; b < 16; b++)
-            if (special >> b & 1) c[b] = nbq_mx_scale_byte_fast(am[b], ocp_floor);
-        code = _mm512_loadu_si512((const void *)c);
-    }
-    return code;
-}
+/* The algorithm of fast_avx2.c's mx_groups (its comments hold the proofs), one block per zmm:
+ *  - The E8M0 byte by a closed form from the block's largest magnitude pattern P: ModelOpt's ceil
+ *    rule ((P + 31) >> 7) - 8, the OCP floor rule (P >> 7) - 8, both clamped at 0 (mx_codes_bf16).
+ *  - x * 2^(127 - code) is x's pattern with its exponent moved, so an element's E4M3 code is one add
+ *    on its magnitude pattern mag, rounded to nearest even at bit 4 (lsb = bit 4 of mag):
+ *        h = (mag + lsb + C) >> 4 (arithmetic),  C = (127 - code) 128 + 7 - (120 << 7) + 16 MX_BIAS,
+ *    is c + MX_BIAS wherever c is the normal E4M3 code. Here MX_BIAS = 0x81 (the AVX2 kernel's is
+ *    32): VPACKUSWB saturates h to [0, 255], and 255 - 0x81 = 0x7E is 448, so the pack's saturation
+ *    is the clamp and code = subs(h, 0x81) (one op; c <= 0 gives 0). No 16-bit overflow: the scaled
+ *    values are at most 512 (h <= 0x101), and code <= 248 keeps mag + C above -28800.
+ *  - The reference takes the lanes with c in [-31, 8] (E4M3-subnormal results, the first normal ones
+ *    and some below 2^-10: the AVX2 kernel's set), i.e. h in [0x62, 0x89]: one byte compare.
+ *  - bf16 subnormal inputs are not patterns with a moved exponent: for code >= MX_REF_CODE, mag +
+ *    lsb + C <= 0x7F + 1 + 0xB97 - 12 * 128 = 1559, so h <= 0x61: code 0 (the scaled value is below
+ *    2^-11) and not a reference lane. Zeros too (h <= 0x59). Blocks with a smaller code (block max
+ *    below ~2^-107, zero blocks) go to the reference whole.
+ * Per 64 elements (two blocks) the encode is 16 vector uops: VPTESTMW (lsb), add, masked add, shift
+ * (x2), VPACKUSWB, subs, VPACKSSWB (the sign bytes), VPTERNLOG, VPERMQ, sub + compare (the reference
+ * lanes), KORTEST; the block maxima add ~6 per 64 (a transpose-and-max tree over 8 blocks). */
+enum { MX_BIAS = 0x81, MX_SLOW_LO = MX_BIAS - 31, MX_SLOW_N = 40, MX_REF_CODE = 12, MX_C0 = 127 * 128 + 7 - (120 << 7) + 16 * MX_BIAS };
 
 /* Reference elements of one block, the lanes set in `lanes` only (the others keep the vector's
  * codes): x * 2^(127-code) in f32, clamp, RNE (mxfp8.c). One lane at a time, as fp8_ref_lanes. */
@@ -445,42 +423,85 @@ static void mx_lanes_ref(const uint16_t *x, uint32_t lanes, uint8_t code, uint8_
     }
 }
 
-/* Blocks [0, 16*floor(nb/16)) of a BF16 row; returns the blocks done. *vmax as nv_groups512. */
+/* Two 256-bit halves [max of x's block | max of y's block] (16 words each) from two blocks. */
+NB_AVX512 static inline __m512i mx_merge256(__m512i x, __m512i y) {
+    return _mm512_max_epu16(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
+}
+
+/* Four 128-bit lanes [x lo, x hi, y lo, y hi] (8 words each) from two mx_merge256 results. */
+NB_AVX512 static inline __m512i mx_merge128(__m512i x, __m512i y) {
+    return _mm512_max_epu16(_mm512_shuffle_i64x2(x, y, 0x88), _mm512_shuffle_i64x2(x, y, 0xDD));
+}
+
+/* The rare lanes of a block pair: pk is the packed h of blocks b, b+1 (VPACKUSWB order). */
+NB_AVX512 __attribute__((noinline)) static void mx_pair_ref(const uint16_t *xb, __m512i pk, const uint8_t *codes,
+                                                           uint8_t *qb) {
+    const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+    __m512i t = _mm512_sub_epi8(_mm512_permutexvar_epi64(order, pk), _mm512_set1_epi8((char)MX_SLOW_LO));
+    uint64_t m = _mm512_cmplt_epu8_mask(t, _mm512_set1_epi8(MX_SLOW_N));
+    if ((uint32_t)m) mx_lanes_ref(xb, (uint32_t)m, codes[0], qb);
+    if (m >> 32) mx_lanes_ref(xb + NB_MXFP8_BLOCK, (uint32_t)(m >> 32), codes[1], qb + NB_MXFP8_BLOCK);
+}
+
+/* Blocks [0, 8*floor(nb/8)) of a BF16 row, 8 blocks (256 elements) a group: their maxima by a
+ * transpose-and-max tree on the magnitudes kept in registers, the 8 scale bytes by the closed form,
+ * then the codes two blocks at a time. Returns the blocks done; *vmax collects the block maxima
+ * (NaN/Inf: >= 0x7F80). */
 NB_AVX512 static int64_t mx_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s,
                                       __m512i *vmax) {
-    const int64_t nb = (n / NB_MXFP8_BLOCK) & ~(int64_t)15;
-    const uint32_t *tab = nbq_mx_ceil_table();
-    uint16_t sh[16];
-    uint8_t cb[16];
-    for (int64_t g = 0; g < nb; g += 16) {
+    const int64_t nb = (n / NB_MXFP8_BLOCK) & ~(int64_t)7;
+    __m512i c7fff = i16(0x7FFF), c10 = i16(0x10), one = i16(1), c81 = _mm512_set1_epi8((char)MX_BIAS);
+    __m512i c80 = _mm512_set1_epi8((char)0x80), slo = _mm512_set1_epi8((char)MX_SLOW_LO), sn = _mm512_set1_epi8(MX_SLOW_N);
+    __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m512i round = i16(a->mx_floor ? 0 : 31), c8 = i16(8), cref = i16(MX_REF_CODE), cc0 = i16(MX_C0);
+    /* opaque to GCC, so the constants stay in registers (the rare reference calls clobber them all) */
+    __asm__("" : "+v"(c7fff), "+v"(c10), "+v"(one), "+v"(c81), "+v"(c80), "+v"(slo), "+v"(sn), "+v"(order));
+    _Alignas(64) int32_t cc[16];
+    __m512i vm = *vmax;
+    for (int64_t g = 0; g < nb; g += 8) {
         const uint16_t *xg = x + g * NB_MXFP8_BLOCK;
-        __m512i t[8];
-        for (int i = 0; i < 8; i++) {
-            __m512i A = _mm512_and_si512(_mm512_loadu_si512((const void *)(xg + 64 * i)), i16(0x7FFF));
-            __m512i B = _mm512_and_si512(_mm512_loadu_si512((const void *)(xg + 64 * i + 32)), i16(0x7FFF));
-            t[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(A, B, 0x44), _mm512_shuffle_i64x2(A, B, 0xEE));
-            *vmax = _mm512_max_epu16(*vmax, t[i]);
+        uint8_t *qg = q + g * NB_MXFP8_BLOCK;
+        __m512i m[8];
+        for (int b = 0; b < 8; b++) {
+            _mm_prefetch((const char *)(xg + NBQ_PF_AHEAD + b * NB_MXFP8_BLOCK), _MM_HINT_T0);
+            m[b] = _mm512_and_si512(_mm512_loadu_si512((const void *)(xg + b * NB_MXFP8_BLOCK)), c7fff);
         }
-        __m512i code = mx_codes16(tree16(t), a->mx_floor, tab);
-        __m128i c8 = _mm512_cvtepi32_epi8(code);
-        _mm_storeu_si128((__m128i *)(s + g), c8);
-        _mm_storeu_si128((__m128i *)cb, c8);
-        /* (127 - code) << 7: the exponent shift of 2^(127-code) on a bf16 pattern */
-        _mm256_storeu_si256((__m256i *)sh, _mm512_cvtepi32_epi16(_mm512_slli_epi32(_mm512_sub_epi32(i32v(127), code), 7)));
-        for (int b = 0; b < 16; b++) {
+        /* lanes [0 2 4 6] and [1 3 5 7] (8 words each), then qword b = block b (4 words), then word
+         * 0 of qword b = block b's largest magnitude P (the other words: maxima of parts of it) */
+        __m512i n0 = mx_merge128(mx_merge256(m[0], m[2]), mx_merge256(m[4], m[6]));
+        __m512i n1 = mx_merge128(mx_merge256(m[1], m[3]), mx_merge256(m[5], m[7]));
+        __m512i P = _mm512_max_epu16(_mm512_unpacklo_epi64(n0, n1), _mm512_unpackhi_epi64(n0, n1));
+        P = _mm512_max_epu16(P, _mm512_srli_epi64(P, 32));
+        P = _mm512_max_epu16(P, _mm512_srli_epi64(P, 16));
+        vm = _mm512_max_epu16(vm, P);
+        /* the closed form in 16-bit lanes (P + 31 <= 0x801E: no wrap unsigned) */
+        __m512i code = _mm512_max_epi16(_mm512_sub_epi16(_mm512_srli_epi16(_mm512_add_epi16(P, round), 7), c8), _mm512_setzero_si512());
+        _mm_storel_epi64((__m128i *)(s + g), _mm512_cvtepi64_epi8(code));
+        __m512i C = _mm512_sub_epi16(cc0, _mm512_slli_epi16(code, 7));
+        /* dword 2b = block b's C in both words, for a broadcast load (a load uop, no shuffle) */
+        _mm512_store_si512((void *)cc, _mm512_mask_blend_epi16(0xAAAAAAAAu, C, _mm512_slli_epi32(C, 16)));
+        const int32_t *ccp = cc;
+        __asm__("" : "+r"(ccp));   /* else GCC keeps C in a register and extracts each word (4 p5 uops a block) */
+        const __mmask32 ref = _mm512_cmplt_epi16_mask(code, cref) & 0x11111111u;
+        for (int b = 0; b < 8; b += 2) {
             const uint16_t *xb = xg + b * NB_MXFP8_BLOCK;
-            __m512i v = _mm512_loadu_si512((const void *)xb);
-            __m512i mag = _mm512_and_si512(v, i16(0x7FFF));
-            /* zeros stay zero; bf16 subnormals (exponent 0) do not scale by an exponent add */
-            __mmask32 nz = _mm512_test_epi16_mask(mag, mag);
-            __mmask32 slow = nz & _mm512_cmplt_epu16_mask(mag, i16(0x0080));
-            __m512i q16 = _mm512_max_epi16(_mm512_maskz_add_epi16(nz, mag, _mm512_set1_epi16((short)sh[b])), _mm512_setzero_si512());
-            __m512i c = e4m3_mag16(q16, v, &slow);
-            uint8_t *qb = q + (g + b) * NB_MXFP8_BLOCK;
-            _mm256_storeu_si256((__m256i *)qb, _mm512_cvtepi16_epi8(c));
-            if (slow) mx_lanes_ref(xb, slow, cb[b], qb);
+            /* C + lsb into the broadcast (a fresh register: no copy for the merge-masked add) */
+            __m512i C0 = _mm512_set1_epi32(ccp[2 * b]), C1 = _mm512_set1_epi32(ccp[2 * b + 2]);
+            C0 = _mm512_mask_add_epi16(C0, _mm512_test_epi16_mask(m[b], c10), C0, one);
+            C1 = _mm512_mask_add_epi16(C1, _mm512_test_epi16_mask(m[b + 1], c10), C1, one);
+            __m512i h0 = _mm512_srai_epi16(_mm512_add_epi16(m[b], C0), 4), h1 = _mm512_srai_epi16(_mm512_add_epi16(m[b + 1], C1), 4);
+            __m512i pk = _mm512_packus_epi16(h0, h1);
+            __m512i sg = _mm512_packs_epi16(_mm512_loadu_si512((const void *)xb), _mm512_loadu_si512((const void *)(xb + NB_MXFP8_BLOCK)));
+            __m512i c = _mm512_ternarylogic_epi32(_mm512_subs_epu8(pk, c81), sg, c80, 0xF8);   /* code | (sg & 0x80) */
+            _mm512_storeu_si512((void *)(qg + b * NB_MXFP8_BLOCK), _mm512_permutexvar_epi64(order, c));
+            if (__builtin_expect(_mm512_cmplt_epu8_mask(_mm512_sub_epi8(pk, slo), sn) != 0, 0))
+                mx_pair_ref(xb, pk, s + g + b, qg + b * NB_MXFP8_BLOCK);
         }
+        if (__builtin_expect(ref != 0, 0))
+            for (int b = 0; b < 8; b++)
+                if (ref >> (4 * b) & 1) mx_lanes_ref(xg + b * NB_MXFP8_BLOCK, 0xFFFFFFFFu, s[g + b], qg + b * NB_MXFP8_BLOCK);
     }
+    *vmax = vm;
     return nb;
 }
 
