@@ -536,13 +536,16 @@ NB_AVX2 void nbq_avx2_fp8_fake_row(const float *x, int64_t n, const nb_qrow_args
 
 /* Both formats end in one E4M3 code per bf16 element, computed on the 16-bit patterns two ymm (32
  * elements) at a time and packed to bytes by VPACKUSWB, whose per-128-bit-lane interleave one VPERMQ
- * undoes at the store. The packed byte is a biased code h (c + a bias), and one unsigned-saturating
- * add and subtract finish it: code = subs(adds(h, t), 0x81) = min(c, 0x7E) (0x7E = 448, the clamp;
- * clamping after the rounding equals clamping before, as the rounding is monotone). Lanes the
- * shortcut cannot take (E4M3-subnormal results) show as 0 < h < limit, one byte compare, and go to
- * the reference one at a time. The sign is bit 7 of VPACKSSWB of the raw patterns. */
+ * undoes at the store. The packed byte is a biased code h (c + a bias), and unsigned-saturating byte
+ * arithmetic finishes it: code = subs(adds(h, t), 0x81) = min(c, 0x7E) for FP8 (t from the table),
+ * subs(h, 0x81) for MXFP8 (its bias is 0x81 already, the pack's saturation the clamp); 0x7E = 448,
+ * and clamping after the rounding equals clamping before, as the rounding is monotone. Lanes the
+ * shortcut cannot take (E4M3-subnormal results) show as h in a small range, one add and one byte
+ * compare, and go to the reference one at a time. The sign is bit 7 of VPACKSSWB of the raw
+ * patterns. */
 
-enum { FP8_B = 104, FP8_SLOW = 48, MX_B = 32, MX_SLOW = 40, MX_REF_CODE = 12 };
+enum { FP8_B = 104, FP8_SLOW = 48, MX_B = 0x81, MX_SLOW_LO = MX_B - 31, MX_SLOW_N = 40, MX_REF_CODE = 12,
+       MX_C0 = 127 * 128 + 7 - (120 << 7) + 16 * MX_B };
 
 
 /* Reference FP8 codes of bf16 elements (fp8.c's arithmetic on exact bf16 -> f32 values). */
@@ -576,9 +579,10 @@ NB_AVX2 static inline uint32_t lanes_of(__m256i slow) {
     return (uint32_t)_mm256_movemask_epi8(_mm256_permute4x64_epi64(slow, 0xD8));
 }
 
-/* 0xFF where 0 < h < lim (h unsigned): (h - 1) < lim - 1 by a signed compare of h + 127. */
-NB_AVX2 static inline __m256i h_between(__m256i h, __m256i c127, __m256i lim_s) {
-    return _mm256_cmpgt_epi8(lim_s, _mm256_add_epi8(h, c127));
+/* 0xFF where lo <= h < lo + len (h unsigned): h - lo < len unsigned, as a signed compare of
+ * h + (0x80 - lo) (off) with len - 128 (lim_s). */
+NB_AVX2 static inline __m256i h_between(__m256i h, __m256i off, __m256i lim_s) {
+    return _mm256_cmpgt_epi8(lim_s, _mm256_add_epi8(h, off));
 }
 
 /* Sign bytes of 32 patterns in packed order: 0x80 where bit 15 is set (VPACKSSWB saturates every
@@ -829,14 +833,18 @@ NB_AVX2 int nbq_avx2_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qr
  * 128 with its exponent moved, and its E4M3 code is q rounded to nearest even at bit 4, rebiased (as
  * fast_avx512.c's mx_groups512): c = (q + 7 + lsb - (120 << 7)) >> 4, lsb = bit 4 of mag. In one add:
  *     h = (mag + lsb + C) >> 4 (arithmetic),  C = (127 - code) 128 + 7 - (120 << 7) + 16 MX_B,
- * is c + MX_B wherever c is a normal E4M3 code, and code = subs(adds(h, 0x81 - MX_B), 0x81) as for
- * FP8. Scaled values up to 512 (the floor rule's largest) give h <= 0xA0: no saturation on the way.
- *  - Scaled values in [2^-10, 2^-6) (E4M3 subnormals) give 8 <= h <= MX_SLOW: the reference. So do
- *    the first normal ones (h = MX_SLOW) and some below 2^-10 (0 < h < 8; their code is 0).
- *  - h <= 0 gives code 0: values below 2^-10, and zeros when code >= 11 (C < 16).
+ * is c + MX_B wherever c is a normal E4M3 code. With MX_B = 0x81, VPACKUSWB's saturation of h to
+ * [0, 255] is the 448 clamp (255 - 0x81 = 0x7E is 448, and the codes are monotone, so clamping after
+ * the rounding equals clamping before), and code = subs(h, 0x81) in one op (c <= 0 gives 0). No
+ * 16-bit overflow: scaled values up to 512 (the floor rule's largest) give h <= 0x101, and code <=
+ * 247 keeps mag + C above -28800.
+ *  - Scaled values in [2^-10, 2^-6) (E4M3 subnormals) give c in [0, 8): the reference. So do the
+ *    first normal ones (c = 8) and some below 2^-10 (c in [-31, 0); their code is 0): the lanes
+ *    with h in [MX_SLOW_LO, MX_SLOW_LO + MX_SLOW_N), one add and one byte compare.
+ *  - c < -31 gives code 0: values below 2^-10, and zeros when code >= 11 ((903 - 128 code) >> 4 < -31).
  *  - bf16 subnormal inputs are not patterns with a moved exponent: for code >= MX_REF_CODE their
- *    scaled values are below 2^-11 and h <= 0 (mag + lsb + C <= 128 - 121); blocks with a smaller
- *    code (block amax below ~2^-107) go to the reference whole. */
+ *    scaled values are below 2^-11 and c < -31 (mag + lsb + C <= 128 + 0xB97 - 12 128 = 1559, h <=
+ *    0x61); blocks with a smaller code (block amax below ~2^-107) go to the reference whole. */
 
 /* Largest magnitude pattern (0..0x7FFF) of each of the 8 blocks at xg (256 elements), dword b =
  * block b. */
@@ -880,9 +888,8 @@ NB_AVX2 static int64_t mx_groups(const uint16_t *x, int64_t n, const nb_qrow_arg
                                  __m256i *vmax) {
     const int64_t nb = (n / NB_MXFP8_BLOCK) & ~(int64_t)7;
     const __m256i m7fff = _mm256_set1_epi16(0x7FFF), one = _mm256_set1_epi16(1);
-    const __m256i cadd = _mm256_set1_epi8((char)(0x81 - MX_B)), c81 = _mm256_set1_epi8((char)0x81);
-    const __m256i c80 = _mm256_set1_epi8((char)0x80), c127 = _mm256_set1_epi8(127);
-    const __m256i slow = _mm256_set1_epi8((char)(MX_SLOW - 128));   /* 0 < h <= MX_SLOW */
+    const __m256i c81 = _mm256_set1_epi8((char)MX_B), c80 = _mm256_set1_epi8((char)0x80);
+    const __m256i soff = _mm256_set1_epi8((char)(0x80 - MX_SLOW_LO)), slim = _mm256_set1_epi8((char)(MX_SLOW_N - 128));
     _Alignas(32) int32_t cc[8];
     __m256i vm = *vmax;
     for (int64_t g = 0; g < nb; g += 8) {
@@ -891,7 +898,7 @@ NB_AVX2 static int64_t mx_groups(const uint16_t *x, int64_t n, const nb_qrow_arg
         vm = _mm256_max_epu32(vm, bam);
         __m256i code = mx_codes_bf16(bam, a->mx_floor);
         store_bytes8(s + g, code);
-        __m256i cw = _mm256_sub_epi32(i32(0x587), _mm256_slli_epi32(code, 7));   /* C, in both words */
+        __m256i cw = _mm256_sub_epi32(i32(MX_C0), _mm256_slli_epi32(code, 7));   /* C, in both words */
         _mm256_store_si256((__m256i *)cc, _mm256_or_si256(_mm256_and_si256(cw, i32(0xFFFF)), _mm256_slli_epi32(cw, 16)));
         const int ref = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(i32(MX_REF_CODE), code)));
         for (int b = 0; b < 8; b++) {
@@ -903,9 +910,9 @@ NB_AVX2 static int64_t mx_groups(const uint16_t *x, int64_t n, const nb_qrow_arg
             __m256i h0 = _mm256_add_epi16(_mm256_and_si256(v0, m7fff), _mm256_and_si256(_mm256_srli_epi16(v0, 4), one));
             __m256i h1 = _mm256_add_epi16(_mm256_and_si256(v1, m7fff), _mm256_and_si256(_mm256_srli_epi16(v1, 4), one));
             __m256i h = _mm256_packus_epi16(_mm256_srai_epi16(_mm256_add_epi16(h0, C), 4), _mm256_srai_epi16(_mm256_add_epi16(h1, C), 4));
-            __m256i c = _mm256_or_si256(_mm256_subs_epu8(_mm256_adds_epu8(h, cadd), c81), sign32(v0, v1, c80));
+            __m256i c = _mm256_or_si256(_mm256_subs_epu8(h, c81), sign32(v0, v1, c80));
             _mm256_storeu_si256((__m256i *)qb, _mm256_permute4x64_epi64(c, 0xD8));
-            __m256i sl = h_between(h, c127, slow);
+            __m256i sl = h_between(h, soff, slim);
             if (__builtin_expect(!_mm256_testz_si256(sl, sl), 0)) mx_ref_lanes(xb, lanes_of(sl), s[g + b], qb);
         }
         if (__builtin_expect(ref != 0, 0))
