@@ -368,43 +368,59 @@ static int avx2_bf16_handles(nb_qformat f, const nb_qrow_args *a) {
     return (a->div_dtype == NB_F32 || a->div_dtype == NB_BF16) && a->scale >= 0x1p-100f && a->scale <= 0x1p100f;
 }
 
+enum { GUARD = 64 };   /* bytes past a kernel's outputs, prefilled too: a byte written past the row shows */
+
+/* The kernel's outputs and the guard bytes past them to 0xEE: a byte the kernel forgets to write shows. */
+static void prefill_out(uint8_t *q1, int64_t qb, uint8_t *s1, int64_t sbn) {
+    memset(q1, 0xEE, (size_t)(qb + GUARD));
+    memset(s1, 0xEE, (size_t)(sbn + GUARD));
+}
+
+/* A kernel's data (and scales, s1 set) against the reference's, and its guard bytes untouched. */
+static void check_bf16_out(const char *fmt_name, const char *kernel, const uint8_t *q0, const uint8_t *q1, int64_t qb,
+                           const uint8_t *s0, const uint8_t *s1, int64_t sbn, const char *mode, int64_t n, float scale) {
+    uint8_t ee[GUARD];
+    memset(ee, 0xEE, sizeof ee);
+    CHECK_SAME(fmt_name, q0, q1, qb, "%s data, %s n=%lld scale=%a", kernel, mode, (long long)n, (double)scale);
+    CHECK_SAME(fmt_name, ee, q1 + qb, GUARD, "%s data written past the row, %s n=%lld", kernel, mode, (long long)n);
+    if (!s1) return;
+    CHECK_SAME(fmt_name, s0, s1, sbn, "%s scales, %s n=%lld scale=%a", kernel, mode, (long long)n, (double)scale);
+    CHECK_SAME(fmt_name, ee, s1 + sbn, GUARD, "%s scales written past the row, %s n=%lld", kernel, mode, (long long)n);
+}
+
 /* nbq_avx512_quantize_bf16 (with AVX-512) and, for MXFP8 / FP8, nbq_avx2_quantize_bf16 (every AVX2
  * CPU) against the reference row on the same values. */
 static void compare_bf16(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, const uint16_t *h, int64_t n,
                          const nb_qrow_args *a, const char *mode) {
     const nb_qformat_traits *tr = nb_qformat_info(f);
     int64_t qb = nbq_is_nvfp4(f) ? n / 2 : n, sbn = tr->block_size ? n / tr->block_size : 0;
-    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
-    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
+    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = malloc((size_t)(qb + GUARD));
+    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = malloc((size_t)(sbn + GUARD));
     ref(x, n, a, q0, s0);
-    memset(q1, 0xEE, (size_t)qb);   /* a byte the kernel forgets to write shows */
-    memset(s1, 0xEE, (size_t)sbn);
+    prefill_out(q1, qb, s1, sbn);
     int st512 = HAVE512 ? nbq_avx512_quantize_bf16(f, h, n, a, q1, s1) : -1;
     if (HAVE512 && f == NB_FMT_MXFP8) CHECK_EQ_INT(st512, 0);   /* every finite MXFP8 row is the kernel's */
     if (st512 == 0) {
-        CHECK_SAME(tr->name, q0, q1, qb, "avx512 bf16 data, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
-        CHECK_SAME(tr->name, s0, s1, sbn, "avx512 bf16 scales, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+        check_bf16_out(tr->name, "avx512 bf16", q0, q1, qb, s0, s1, sbn, mode, n, a->scale);
         n_bf16_rows++;
         if (f == NB_FMT_MXFP8) n_mx512_rows++;
     }
     if (f == NB_FMT_MXFP8 || f == NB_FMT_FP8_TENSOR || f == NB_FMT_FP8_CHANNEL) {
-        memset(q1, 0xEE, (size_t)qb);
-        memset(s1, 0xEE, (size_t)sbn);
+        prefill_out(q1, qb, s1, sbn);
         int want = avx2_bf16_handles(f, a) ? 0 : 1, st = nbq_avx2_quantize_bf16(f, h, n, a, q1, s1);
         CHECK_EQ_INT(st, want);
         if (st == 0) {
-            CHECK_SAME(tr->name, q0, q1, qb, "avx2 bf16 data, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
-            CHECK_SAME(tr->name, s0, s1, sbn, "avx2 bf16 scales, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+            check_bf16_out(tr->name, "avx2 bf16", q0, q1, qb, s0, s1, sbn, mode, n, a->scale);
             n_avx2_bf16_rows++;
         }
         if (f != NB_FMT_MXFP8) {   /* the per-channel entry, with and without a next row */
             uint32_t nm = 0xDEAD;
-            memset(q1, 0xEE, (size_t)qb);
+            prefill_out(q1, qb, s1, sbn);
             CHECK_EQ_INT(nbq_avx2_fp8_row_next_bf16(h, n, a, q1, h, &nm), want);
             uint32_t want_nm = 0;
             for (int64_t i = 0; i < n; i++) want_nm = (uint32_t)(h[i] & 0x7FFF) > want_nm ? (uint32_t)(h[i] & 0x7FFF) : want_nm;
             CHECK_EQ_INT(nm, want_nm);
-            if (want == 0) CHECK_SAME(tr->name, q0, q1, qb, "avx2 bf16 next-row entry, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+            if (want == 0) check_bf16_out(tr->name, "avx2 bf16 next-row entry", q0, q1, qb, NULL, NULL, 0, mode, n, a->scale);
         }
     }
     free(q0); free(q1); free(s0); free(s1);
@@ -640,6 +656,25 @@ static uint16_t bf16_below(uint32_t mag) {
     return (uint16_t)((nbt_rnd32() % (mag + 1)) | ((nbt_rnd32() & 1) ? 0x8000u : 0u));
 }
 
+/* An element whose quotient by sc is in 2^-12 .. 2^-5 (E4M3 subnormals and their neighbours: the
+ * FP8 kernels' reference lanes), random sign. */
+static float fp8_slow_value(float sc) {
+    return sc * ldexpf((float)(1.0 + nbt_unif()), -12 + (int)(nbt_rnd32() % 7)) * ((nbt_rnd32() & 1) ? -1.0f : 1.0f);
+}
+
+/* A 32-element MXFP8 block with amax 448 * 2^t (random t: code t + 127 under both rules, at lane
+ * r + 5) whose lanes r and r + 13 scale to 2^-12 .. 2^-5 (the MXFP8 kernels' reference lanes). */
+static void mx_slow_block(uint16_t *hb, int r) {
+    int t = (int)(nbt_rnd32() % 60) - 30;
+    for (int i = 0; i < 32; i++) {
+        float v = ldexpf((float)nb_rng_normal(&nbt_rng), t + 6);
+        if (i == r || i == (r + 13) % 32) v = ldexpf((float)(1.0 + nbt_unif()), t - 12 + (int)(nbt_rnd32() % 7));
+        if (fabsf(v) > ldexpf(448.0f, t)) v = 0.0f;
+        hb[i] = (uint16_t)(nb_f32_to_bf16(v) | ((nbt_rnd32() & 1) ? 0x8000u : 0u));
+    }
+    hb[(r + 5) % 32] = nb_f32_to_bf16(ldexpf(448.0f, t));
+}
+
 static void test_avx2_bf16_kernels(void) {
     const int64_t cap = 8192;
     float *x = malloc((size_t)cap * 4);
@@ -697,8 +732,7 @@ static void test_avx2_bf16_kernels(void) {
             float sc = fscales[si];
             for (int64_t i = 0; i < n; i++) {
                 float v = (float)nb_rng_normal(&nbt_rng) * sc * 100.0f;
-                if (i % 64 == r || i % 64 == (r + 37) % 64)   /* quotients 2^-12 .. 2^-5 */
-                    v = sc * ldexpf((float)(1.0 + nbt_unif()), -12 + (int)(nbt_rnd32() % 7)) * ((nbt_rnd32() & 1) ? -1.0f : 1.0f);
+                if (i % 64 == r || i % 64 == (r + 37) % 64) v = fp8_slow_value(sc);
                 h[i] = nb_f32_to_bf16(v);
             }
             bf16_to_f32_row(h, n, x);
@@ -711,16 +745,7 @@ static void test_avx2_bf16_kernels(void) {
         }
     for (int r = 0; r < 32; r++) {
         const int64_t n = 4096 + 3 * 32;   /* 16 groups of 8 blocks, 3 tail blocks */
-        for (int64_t b = 0; b < n / 32; b++) {
-            int t = (int)(nbt_rnd32() % 60) - 30;   /* block amax 448 * 2^t: code t + 127 under both rules */
-            for (int i = 0; i < 32; i++) {
-                float v = ldexpf((float)nb_rng_normal(&nbt_rng), t + 6);
-                if (i == r || i == (r + 13) % 32) v = ldexpf((float)(1.0 + nbt_unif()), t - 12 + (int)(nbt_rnd32() % 7));   /* scaled 2^-12 .. 2^-5 */
-                if (fabsf(v) > ldexpf(448.0f, t)) v = 0.0f;
-                h[b * 32 + i] = (uint16_t)(nb_f32_to_bf16(v) | ((nbt_rnd32() & 1) ? 0x8000u : 0u));
-            }
-            h[b * 32 + (r + 5) % 32] = nb_f32_to_bf16(ldexpf(448.0f, t));
-        }
+        for (int64_t b = 0; b < n / 32; b++) mx_slow_block(h + b * 32, r);
         bf16_to_f32_row(h, n, x);
         memset(&a, 0, sizeof a);
         for (a.mx_floor = 0; a.mx_floor < 2; a.mx_floor++)
@@ -824,6 +849,53 @@ static void test_mx_bf16_sweep(void) {
            (long long)(n_avx2_bf16_rows - rows0), (long long)(n_mx512_rows - r512));
     CHECK_EQ_INT(n_avx2_bf16_rows - rows0, 510);
     if (HAVE512) CHECK_EQ_INT(n_mx512_rows - r512, 510);
+    free(x);
+    free(h);
+}
+
+/* Rows of every length around the BF16 kernels' steps, where the last group or step overlaps the one
+ * before: MXFP8 rows of 1 to 40 blocks (every number of blocks past whole 8-block groups, after 1 to
+ * 4 groups, and rows under one group, which take the reference), FP8 rows of 1 to 200 elements
+ * (every remainder of the 64- and 32-element steps). Mixed block kinds, and rows with reference
+ * lanes (E4M3-subnormal results) in every block, so in the overlapped blocks and steps too; both
+ * exponent rules, both division dtypes, every entry. */
+static void test_bf16_row_tails(void) {
+    float *x = malloc(40 * 32 * 4);
+    uint16_t *h = malloc(40 * 32 * 2);
+    nb_qrow_args a;
+    int64_t rows0 = n_avx2_bf16_rows;
+    for (int64_t nb = 1; nb <= 40; nb++)
+        for (int k = 0; k < 4; k++) {
+            const int64_t n = nb * 32;
+            if (k < 2) {
+                bf16_row(x, h, n, 32, k ? (int)(nbt_rnd32() % KINDS) : -1, (int)(nbt_rnd32() % 40) - 20);
+            } else {
+                for (int64_t b = 0; b < nb; b++) mx_slow_block(h + b * 32, (int)(nbt_rnd32() % 32));
+                bf16_to_f32_row(h, n, x);
+            }
+            memset(&a, 0, sizeof a);
+            a.mx_floor = k & 1;
+            compare_bf16(NB_FMT_MXFP8, nb_mxfp8_quantize_row_ref, x, h, n, &a, "mxfp8, row tails");
+        }
+    for (int64_t n = 1; n <= 200; n++)
+        for (int k = 0; k < 4; k++) {
+            bf16_row(x, h, n, 1, k < 2 ? -1 : 0, (int)(nbt_rnd32() % 40) - 20);
+            float sc = row_absmax(x, n) / 448.0f;
+            if (!(sc >= 0x1p-100f && sc <= 0x1p100f)) sc = 1.0f;
+            if (k >= 2) {   /* reference lanes: one in 6, and one in each of the last 32 elements' halves */
+                for (int64_t i = 0; i < n; i++)
+                    if (nbt_rnd32() % 6 == 0 || i == n - 1 - (int64_t)(nbt_rnd32() % 16) || i == n - 17 - (int64_t)(nbt_rnd32() % 16))
+                        h[i] = nb_f32_to_bf16(fp8_slow_value(sc));
+                bf16_to_f32_row(h, n, x);
+            }
+            memset(&a, 0, sizeof a);
+            a.scale = sc;
+            a.global_amax = row_absmax(x, n);
+            a.div_dtype = k & 1 ? NB_BF16 : NB_F32;
+            compare_bf16(k & 1 ? NB_FMT_FP8_TENSOR : NB_FMT_FP8_CHANNEL, nb_fp8_quantize_row_ref, x, h, n, &a, "fp8, row tails");
+        }
+    printf("bf16 row tails: avx2 mxfp8/fp8 rows compared bit for bit: %lld\n", (long long)(n_avx2_bf16_rows - rows0));
+    CHECK_EQ_INT(n_avx2_bf16_rows - rows0, 40 * 4 + 200 * 4);
     free(x);
     free(h);
 }
@@ -1195,6 +1267,7 @@ int main(void) {
     test_bf16_kernels();   /* the AVX-512 kernels only with HAVE512; the AVX2 ones always */
     test_avx2_bf16_kernels();
     test_mx_bf16_sweep();
+    test_bf16_row_tails();
     test_nv_table_mixed();
     if (HAVE512) test_drivers(ctx, "avx512");
     else printf("no AVX-512 F/BW/VL/DQ on this CPU: only the AVX2 BF16 table kernel was run\n");
