@@ -757,8 +757,8 @@ NB_AVX2 __attribute__((always_inline)) static inline int64_t fp8_tab_steps(const
     }
     /* the rest by 32-element steps, the last one ending at n: where n is not whole steps it overlaps
      * the step before (those elements are written twice, the same bytes: a code depends on its own
-     * element only). The reference tail this replaces cost ~6 ns an element (rows of 4096 + 31:
-     * 0.137 against 0.092 ns/element). */
+     * element only). The reference tail this replaces cost ~6 ns an element (rows of 4096 + 63, 31
+     * of them by the reference: 0.137 against 0.092 ns/element; with the overlap 0.094). */
     for (; i < n && n >= 32; i += 32) {
         if (i + 32 > n) i = n - 32;
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)(x + i)), v1 = _mm256_loadu_si256((const __m256i *)(x + i + 16));
@@ -890,8 +890,10 @@ NB_AVX2 static inline __m256i mx_codes_bf16(__m256i P, int ocp_floor) {
  * bytes (mx_codes_bf16 on the block maxima), then each block's 32 codes. A row that is not whole
  * groups ends with the group of its last 8 blocks, overlapping the one before (those blocks are
  * written twice, the same bytes: a block's bytes depend on its own elements only), as mx_groups512
- * does: the reference tail on f32 copies this replaces cost more than the row's vector blocks. *vmax
- * collects the block maxima (NaN/Inf: >= 0x7F80). Returns the blocks done. */
+ * does: the reference tail on f32 copies this replaces cost more than the row's vector blocks (one
+ * thread in cache: rows of 2880, 2 tail blocks in 90, 0.214 -> 0.124 ns/element; rows of 896, 4 in
+ * 28, 0.72 -> 0.13; rows of 4096 0.116). *vmax collects the block maxima (NaN/Inf: >= 0x7F80).
+ * Returns the blocks done. */
 NB_AVX2 static int64_t mx_groups(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s,
                                  __m256i *vmax) {
     const int64_t nb = n / NB_MXFP8_BLOCK;
