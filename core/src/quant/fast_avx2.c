@@ -195,13 +195,6 @@ NB_AVX2 void nbq_avx2_nvfp4_46_fake_row(const float *x, int64_t n, const nb_qrow
  * ns/element on one thread (32x4096 in L2). Blocks whose scale byte is outside the table's run take
  * the reference. */
 
-static inline float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Index words for VPSHUFB: word j of a 16-byte lane is bytes 2j, 2j+1. */
 #define NV_W(j) (0x0100 + 0x0202 * (j))
 
@@ -241,14 +234,6 @@ NB_AVX2 static inline void nv_store4(uint8_t *q, const uint16_t *xb, __m256i c0,
     __m256i m23 = _mm256_maddubs_epi16(nv_sign32(xb + 32, _mm256_packus_epi16(c2, c3)), nib);
     __m256i p = _mm256_packus_epi16(m01, m23);   /* dwords: c0 c1 c2 c3 bytes 0-3 | the same, bytes 4-7 */
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-
-/* One block with divisor p, the reference's arithmetic. */
-static void nv_block_ref(const uint16_t *x, float p, uint8_t *q) {
-    for (int j = 0; j < 8; j++) {
-        float v0 = bf2f(x[2 * j]) / p, v1 = bf2f(x[2 * j + 1]) / p;
-        q[j] = (uint8_t)(nb_f32_to_e2m1(v0) | (nb_f32_to_e2m1(v1) << 4));
-    }
 }
 
 /* The 16 block maxima of the 256 elements at xg as f32 bit patterns (bf16 << 16), blocks 0-7 in *b0
@@ -546,33 +531,6 @@ NB_AVX2 void nbq_avx2_fp8_fake_row(const float *x, int64_t n, const nb_qrow_args
 
 enum { FP8_B = 104, FP8_SLOW = 48, MX_B = 0x81, MX_SLOW_LO = MX_B - 31, MX_SLOW_N = 40, MX_REF_CODE = 12,
        MX_C0 = 127 * 128 + 7 - (120 << 7) + 16 * MX_B };
-
-
-/* Reference FP8 codes of bf16 elements (fp8.c's arithmetic on exact bf16 -> f32 values). */
-static void fp8_ref_bf16(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = bf2f(x[i]) / sc;
-        if (dd == NB_BF16) v = nb_bf16_to_f32(nb_f32_to_bf16(v));
-        q[i] = nb_f32_to_e4m3(v);
-    }
-}
-
-/* The reference for the lanes set in `lanes` only (rare: one lane at a time). */
-static void fp8_ref_lanes(const uint16_t *x, uint32_t lanes, float sc, int32_t dd, uint8_t *q) {
-    for (; lanes; lanes &= lanes - 1) {
-        int b = __builtin_ctz(lanes);
-        fp8_ref_bf16(x + b, 1, sc, dd, q + b);
-    }
-}
-
-/* mxfp8.c's element: x * 2^(127-code) in f32, clamp, RNE; the lanes set in `lanes` only. */
-static void mx_ref_lanes(const uint16_t *x, uint32_t lanes, uint8_t code, uint8_t *q) {
-    float sf = pow2_f32(127 - (int)code);
-    for (; lanes; lanes &= lanes - 1) {
-        int i = __builtin_ctz(lanes);
-        q[i] = nb_f32_to_e4m3(bf2f(x[i]) * sf);
-    }
-}
 
 /* Slow-lane bytes (pre-VPERMQ order, as the codes) -> a bit per element. */
 NB_AVX2 static inline uint32_t lanes_of(__m256i slow) {

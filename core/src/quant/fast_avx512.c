@@ -73,6 +73,8 @@ void nbq_nv_table_build(float s2, nbq_nv_table *t) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+#include "fast_x86.h"   /* the scalar fallbacks this file shares with fast_avx2.c */
+
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__) && !defined(__STRICT_ANSI__)
@@ -90,13 +92,6 @@ int nbq_cpu_has_avx512(void) {
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     return v;
-}
-
-static inline float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 NB_AVX512 static inline __m512i i16(int v) { return _mm512_set1_epi16((short)v); }
@@ -218,14 +213,6 @@ NB_AVX512 static inline __m512 zero_to_one16(__m512 v) {
 static void nv_pair_ref(const uint16_t *x, float p0, float p1, uint8_t *q) {
     for (int j = 0; j < 16; j++) {
         float p = j < 8 ? p0 : p1;
-        float v0 = bf2f(x[2 * j]) / p, v1 = bf2f(x[2 * j + 1]) / p;
-        q[j] = (uint8_t)(nb_f32_to_e2m1(v0) | (nb_f32_to_e2m1(v1) << 4));
-    }
-}
-
-/* One block with divisor p, the reference's arithmetic. */
-static void nv_block_ref(const uint16_t *x, float p, uint8_t *q) {
-    for (int j = 0; j < 8; j++) {
         float v0 = bf2f(x[2 * j]) / p, v1 = bf2f(x[2 * j + 1]) / p;
         q[j] = (uint8_t)(nb_f32_to_e2m1(v0) | (nb_f32_to_e2m1(v1) << 4));
     }
@@ -413,16 +400,6 @@ NB_AVX512 static int64_t nv_tab_groups512(const uint16_t *x, int64_t n, const nb
  * lanes), KORTEST; the block maxima add ~6 per 64 (a transpose-and-max tree over 8 blocks). */
 enum { MX_BIAS = 0x81, MX_SLOW_LO = MX_BIAS - 31, MX_SLOW_N = 40, MX_REF_CODE = 12, MX_C0 = 127 * 128 + 7 - (120 << 7) + 16 * MX_BIAS };
 
-/* Reference elements of one block, the lanes set in `lanes` only (the others keep the vector's
- * codes): x * 2^(127-code) in f32, clamp, RNE (mxfp8.c). One lane at a time, as fp8_ref_lanes. */
-static void mx_lanes_ref(const uint16_t *x, uint32_t lanes, uint8_t code, uint8_t *q) {
-    float sf = ldexpf(1.0f, 127 - (int)code);
-    for (; lanes; lanes &= lanes - 1) {
-        int i = __builtin_ctz(lanes);
-        q[i] = nb_f32_to_e4m3(bf2f(x[i]) * sf);
-    }
-}
-
 /* Two 256-bit halves [max of x's block | max of y's block] (16 words each) from two blocks. */
 NB_AVX512 static inline __m512i mx_merge256(__m512i x, __m512i y) {
     return _mm512_max_epu16(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
@@ -439,8 +416,8 @@ NB_AVX512 __attribute__((noinline)) static void mx_pair_ref(const uint16_t *xb, 
     const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
     __m512i t = _mm512_sub_epi8(_mm512_permutexvar_epi64(order, pk), _mm512_set1_epi8((char)MX_SLOW_LO));
     uint64_t m = _mm512_cmplt_epu8_mask(t, _mm512_set1_epi8(MX_SLOW_N));
-    if ((uint32_t)m) mx_lanes_ref(xb, (uint32_t)m, codes[0], qb);
-    if (m >> 32) mx_lanes_ref(xb + NB_MXFP8_BLOCK, (uint32_t)(m >> 32), codes[1], qb + NB_MXFP8_BLOCK);
+    if ((uint32_t)m) mx_ref_lanes(xb, (uint32_t)m, codes[0], qb);
+    if (m >> 32) mx_ref_lanes(xb + NB_MXFP8_BLOCK, (uint32_t)(m >> 32), codes[1], qb + NB_MXFP8_BLOCK);
 }
 
 /* The blocks of a BF16 row of at least 8 blocks (else none), 8 blocks (256 elements) a group: their
@@ -505,7 +482,7 @@ NB_AVX512 static int64_t mx_groups512(const uint16_t *x, int64_t n, const nb_qro
         }
         if (__builtin_expect(ref != 0, 0))
             for (int b = 0; b < 8; b++)
-                if (ref >> (4 * b) & 1) mx_lanes_ref(xg + b * NB_MXFP8_BLOCK, 0xFFFFFFFFu, s[g + b], qg + b * NB_MXFP8_BLOCK);
+                if (ref >> (4 * b) & 1) mx_ref_lanes(xg + b * NB_MXFP8_BLOCK, 0xFFFFFFFFu, s[g + b], qg + b * NB_MXFP8_BLOCK);
     }
     *vmax = vm;
     return nb;
@@ -513,23 +490,7 @@ NB_AVX512 static int64_t mx_groups512(const uint16_t *x, int64_t n, const nb_qro
 
 /* ---- FP8 per tensor / per row ------------------------------------------------------------------------ */
 
-static void fp8_ref32(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = bf2f(x[i]) / sc;
-        if (dd == NB_BF16) v = nb_bf16_to_f32(nb_f32_to_bf16(v));
-        q[i] = nb_f32_to_e4m3(v);
-    }
-}
-
-/* The lanes of a 32-element step set in `slow`, one by one by the reference (the others keep the
- * vector's codes): tiny quotients are rare, but a step holding one would otherwise pay 32 reference
- * elements, which made the reference ~10% of FP8's time on normally distributed weights. */
-static void fp8_ref_lanes(const uint16_t *x, uint32_t slow, float sc, int32_t dd, uint8_t *q) {
-    for (; slow; slow &= slow - 1) {
-        int b = __builtin_ctz(slow);
-        fp8_ref32(x + b, 1, sc, dd, q + b);
-    }
-}
+/* (the scalar fallbacks fp8_ref_bf16 / fp8_ref_lanes are fast_x86.h's) */
 
 /* Whole 32-element steps of a BF16 row with divisor sc (a normal f32 in [2^-100, 2^100]); dd NB_BF16
  * (ModelOpt's quotient rounded to bf16) or NB_F32. Returns the elements done. */
@@ -751,7 +712,7 @@ NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t 
         int64_t i = n >= 1024 && cpu_has_avx512vbmi() ? fp8_table512(x, n, a->scale, a->div_dtype, q, &vmax, NULL, NULL)
                     : a->div_dtype == NB_BF16 && cpu_has_avx512bf16() ? fp8_steps512_bf16(x, n, a->scale, q, &vmax)
                     : fp8_steps512(x, n, a->scale, a->div_dtype, q, &vmax);
-        if (i < n) fp8_ref32(x + i, n - i, a->scale, a->div_dtype, q + i);
+        if (i < n) fp8_ref_bf16(x + i, n - i, a->scale, a->div_dtype, q + i);
         return row_status(vmax, x, i, n);
     }
     default:
@@ -784,7 +745,7 @@ NB_AVX512 int nbq_avx512_fp8_row_next_bf16(const uint16_t *x, int64_t n, const n
     uint32_t m = max16(nmax);
     for (int64_t k = i; k < n; k++) m = (uint32_t)(next[k] & 0x7FFF) > m ? (uint32_t)(next[k] & 0x7FFF) : m;
     *next_max = m;
-    if (i < n) fp8_ref32(x + i, n - i, a->scale, a->div_dtype, q + i);
+    if (i < n) fp8_ref_bf16(x + i, n - i, a->scale, a->div_dtype, q + i);
     return row_status(vmax, x, i, n);
 }
 
