@@ -900,25 +900,63 @@ static void test_bf16_row_tails(void) {
     free(h);
 }
 
+/* A 1024 x 4096 BF16 tensor of generated rows for the drivers (blocks of `block` elements; every fourth
+ * row mixes block kinds, the others are plain at a scale that moves with the row), non-finite and huge
+ * values replaced by 1. NULL when it cannot be made. */
+static nb_tensor *driver_tensor(nb_ctx *ctx, int block) {
+    const int64_t shape[2] = {1024, 4096};
+    nb_tensor *x = NULL;
+    CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
+    if (!x) return NULL;
+    uint16_t *h = nb_tensor_data(x);
+    for (int64_t r = 0; r < 1024; r++) {
+        float row[4096];
+        gen_row(row, 4096, block, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
+        for (int64_t i = 0; i < 4096; i++) h[r * 4096 + i] = nb_f32_to_bf16(isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f);
+    }
+    return x;
+}
+
+/* nb_quantize of x with `path` installed against the reference path: data, scales and the second-level
+ * scale bit for bit, and with dq also nb_qtensor_dequantize of each (on its own path). `name` and
+ * `what` label a failure. Leaves `path` installed. */
+static void check_quantize_path(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *path, int dq,
+                                const char *name, const char *what) {
+    nb_qtensor *q[2] = {NULL, NULL};
+    nb_tensor *d[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {   /* 0: path, 1: the reference */
+        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, k ? "reference" : path));
+        CHECK_OK(ctx, nb_quantize(ctx, x, p, &q[k]));
+        if (dq && q[k]) CHECK_OK(ctx, nb_qtensor_dequantize(ctx, q[k], NB_F32, &d[k]));
+    }
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
+    if (q[0] && q[1]) {
+        CHECK_SAME(name, nb_tensor_data(q[0]->data), nb_tensor_data(q[1]->data), nb_tensor_nbytes(q[0]->data), "quantize data, %s, %s", what, path);
+        CHECK_SAME(name, nb_tensor_data(q[0]->scale), nb_tensor_data(q[1]->scale), nb_tensor_nbytes(q[0]->scale), "quantize scales, %s, %s", what, path);
+        CHECK_EQ_INT(!q[0]->scale2, !q[1]->scale2);
+        if (q[0]->scale2 && q[1]->scale2)
+            CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(q[0]->scale2)), nbt_f2u(*(float *)nb_tensor_data(q[1]->scale2)));
+    }
+    if (d[0] && d[1]) CHECK_SAME(name, nb_tensor_data(d[0]), nb_tensor_data(d[1]), nb_tensor_nbytes(d[0]), "dequantize, %s, %s", what, path);
+    for (int k = 0; k < 2; k++) {
+        nb_qtensor_release(q[k]);
+        nb_tensor_release(d[k]);
+    }
+}
+
 /* FP8 (per tensor from the data with either division dtype, calibrated, per channel from the data and
  * calibrated) and MXFP8 (both rules) on a BF16 tensor of 4M elements with `path` installed, split over
  * the context's threads, against the reference path; a NaN in it is still named. */
 static void test_fp8_mx_driver(nb_ctx *ctx, const char *path) {
-    const int64_t shape[2] = {1024, 4096}, cshape[1] = {1024};
-    nb_tensor *x = NULL, *cam = NULL;
-    CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
+    const int64_t cshape[1] = {1024};
+    nb_tensor *x = driver_tensor(ctx, 32), *cam = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 1, cshape, &cam));
     if (!x || !cam) return;
     uint16_t *h = nb_tensor_data(x);
     float *cd = nb_tensor_data(cam);
     for (int64_t r = 0; r < 1024; r++) {
-        float row[4096], m = 0.0f;
-        gen_row(row, 4096, 32, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
-        for (int64_t i = 0; i < 4096; i++) {
-            float v = isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f;
-            h[r * 4096 + i] = nb_f32_to_bf16(v);
-            m = fmaxf(m, fabsf(nb_bf16_to_f32(h[r * 4096 + i])));
-        }
+        float m = 0.0f;
+        for (int64_t i = 0; i < 4096; i++) m = fmaxf(m, fabsf(nb_bf16_to_f32(h[r * 4096 + i])));
         cd[r] = m == 0.0f ? 1.0f : r % 3 ? m : m * 0.75f;   /* calibrated below the data's max too: clamps */
     }
     for (int k = 0; k < 7; k++) {
@@ -928,19 +966,10 @@ static void test_fp8_mx_driver(nb_ctx *ctx, const char *path) {
         if (k == 2) p.amax = 3.25f;
         if (k == 4) p.channel_amax = cam;
         if (k == 6) p.mx_floor = 1;
-        nb_qtensor *qa = NULL, *qr = NULL;
-        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
-        CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
-        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
-        CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
-        if (qa && qr) {
-            CHECK_SAME("fp8/mxfp8 driver", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "case %d, %s", k, path);
-            CHECK_SAME("fp8/mxfp8 driver", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "case %d, %s", k, path);
-        }
-        nb_qtensor_release(qa);
-        nb_qtensor_release(qr);
+        char what[16];
+        snprintf(what, sizeof what, "case %d", k);
+        check_quantize_path(ctx, x, &p, path, 0, "fp8/mxfp8 driver", what);
     }
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
     h[901 * 4096 + 4095] = 0xFF80;
     for (int k = 0; k < 3; k++) {
         nb_qparams p;
@@ -991,17 +1020,8 @@ static void test_channel_next_rows(nb_ctx *ctx, const char *path) {
     for (int64_t i = 0; i < 6 * 2048; i++) h[i] = nb_f32_to_bf16((float)nb_rng_normal(&nbt_rng) * (float)(1 + i / 2048));
     nb_qparams p;
     nb_qparams_init(&p, NB_FMT_FP8_CHANNEL);
-    nb_qtensor *qa = NULL, *qr = NULL;
-    CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
-    CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
+    check_quantize_path(ctx, x, &p, path, 0, "fp8_channel", "next-row kernel");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
-    if (qa && qr) {
-        CHECK_SAME("fp8_channel", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "next-row kernel, %s", path);
-        CHECK_SAME("fp8_channel", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "next-row scales, %s", path);
-    }
-    nb_qtensor_release(qa);
-    nb_qtensor_release(qr);
     nb_tensor_release(x);
 }
 
@@ -1061,21 +1081,12 @@ static void test_nv_table_mixed(void) {
  * installed (avx512: the AVX-512 table kernel, avx2: the AVX2 one): dynamic, static and
  * four_over_six static, against the reference path; a NaN in it is still named. */
 static void test_nvfp4_table_driver(nb_ctx *ctx, const char *path) {
-    const int64_t shape[2] = {1024, 4096}, bshape[2] = {1024, 256};
-    nb_tensor *x = NULL, *bam = NULL;
-    CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
+    const int64_t bshape[2] = {1024, 256};
+    nb_tensor *x = driver_tensor(ctx, 16), *bam = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, bshape, &bam));
     if (!x || !bam) return;
     uint16_t *h = nb_tensor_data(x);
     float *bd = nb_tensor_data(bam);
-    for (int64_t r = 0; r < 1024; r++) {
-        float row[4096];
-        gen_row(row, 4096, 16, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
-        for (int64_t i = 0; i < 4096; i++) {
-            float v = isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f;
-            h[r * 4096 + i] = nb_f32_to_bf16(v);
-        }
-    }
     for (int64_t b = 0; b < 1024 * 256; b++) {
         float m = 0.0f;
         for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(nb_bf16_to_f32(h[b * 16 + i])));
@@ -1085,17 +1096,9 @@ static void test_nvfp4_table_driver(nb_ctx *ctx, const char *path) {
         nb_qparams p;
         nb_qparams_init(&p, k == 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
         if (k) p.block_amax = bam;
-        nb_qtensor *qa = NULL, *qr = NULL;
-        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
-        CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
-        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
-        CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
-        if (qa && qr) {
-            CHECK_SAME("nvfp4 table driver", nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data), "case %d, %s", k, path);
-            CHECK_SAME("nvfp4 table driver", nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale), "case %d, %s", k, path);
-        }
-        nb_qtensor_release(qa);
-        nb_qtensor_release(qr);
+        char what[16];
+        snprintf(what, sizeof what, "case %d", k);
+        check_quantize_path(ctx, x, &p, path, 0, "nvfp4 table driver", what);
     }
     h[777 * 4096 + 3] = 0x7FC0;
     nb_qparams p;
@@ -1192,7 +1195,7 @@ static void test_drivers(nb_ctx *ctx, const char *path) {
     for (int f = NB_FMT_NVFP4; f < NB_FMT_COUNT; f++) {
         const int64_t *shape = shapes[si];
         for (int d = 0; d < 3; d++) {
-            nb_tensor *x = NULL, *ya = NULL, *yr = NULL, *da = NULL, *dr = NULL;
+            nb_tensor *x = NULL, *ya = NULL, *yr = NULL;
             CHECK_OK(ctx, nb_tensor_new(ctx, dts[d], 2, shape, &x));
             CHECK_OK(ctx, nb_tensor_new(ctx, dts[d], 2, shape, &ya));
             CHECK_OK(ctx, nb_tensor_new(ctx, dts[d], 2, shape, &yr));
@@ -1207,29 +1210,16 @@ static void test_drivers(nb_ctx *ctx, const char *path) {
             free(tmp);
             nb_qparams p;
             nb_qparams_init(&p, (nb_qformat)f);
-            nb_qtensor *qa = NULL, *qr = NULL;
-            CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
-            CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qa));
-            CHECK_OK(ctx, nb_fake_quant(ctx, x, &p, ya));
-            if (qa) CHECK_OK(ctx, nb_qtensor_dequantize(ctx, qa, NB_F32, &da));
-            CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
-            CHECK_OK(ctx, nb_quantize(ctx, x, &p, &qr));
-            CHECK_OK(ctx, nb_fake_quant(ctx, x, &p, yr));
-            if (qr) CHECK_OK(ctx, nb_qtensor_dequantize(ctx, qr, NB_F32, &dr));
             const char *fname = nb_qformat_info((nb_qformat)f)->name;
-            if (qa && qr) {
-                CHECK_SAME(fname, nb_tensor_data(qa->data), nb_tensor_data(qr->data), nb_tensor_nbytes(qa->data),
-                           "driver quantize data, %s input, %s", nb_dtype_info(dts[d])->name, path);
-                CHECK_SAME(fname, nb_tensor_data(qa->scale), nb_tensor_data(qr->scale), nb_tensor_nbytes(qa->scale),
-                           "driver quantize scale, %s input, %s", nb_dtype_info(dts[d])->name, path);
-                if (qa->scale2) CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(qa->scale2)), nbt_f2u(*(float *)nb_tensor_data(qr->scale2)));
-            }
-            if (da && dr) CHECK_SAME(fname, nb_tensor_data(da), nb_tensor_data(dr), nb_tensor_nbytes(da), "driver dequantize, %s", path);
+            char what[64];
+            snprintf(what, sizeof what, "driver, %s input", nb_dtype_info(dts[d])->name);
+            check_quantize_path(ctx, x, &p, path, 1, fname, what);
+            CHECK_OK(ctx, nb_fake_quant(ctx, x, &p, ya));
+            CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
+            CHECK_OK(ctx, nb_fake_quant(ctx, x, &p, yr));
             CHECK_SAME(fname, nb_tensor_data(ya), nb_tensor_data(yr), nb_tensor_nbytes(ya), "driver fake quant, %s, %s",
                        nb_dtype_info(dts[d])->name, path);
-            nb_qtensor_release(qa); nb_qtensor_release(qr);
             nb_tensor_release(x); nb_tensor_release(ya); nb_tensor_release(yr);
-            nb_tensor_release(da); nb_tensor_release(dr);
         }
     }
 }
