@@ -648,7 +648,10 @@ NB_AVX512VBMI static int64_t fp8_table512(const uint16_t *x, int64_t n, float sc
             fp8_ref_lanes(x + i + 32, s1, sc, dd, q + i + 32);
         }
     }
-    for (; i + 32 <= n; i += 32) {
+    /* whole steps, then the row's last 32 elements as one more (overlapping) step: the elements it
+     * repeats get the same bytes, and a short tail costs a step instead of 1-31 reference divisions */
+    for (; i < n && n >= 32; i += 32) {
+        if (i + 32 > n) i = n - 32;
         __m512i v = _mm512_loadu_si512((const void *)(x + i));
         if (nx) nm = _mm512_max_epu16(nm, _mm512_and_si512(_mm512_loadu_si512((const void *)(nx + i)), c7fff));
         __mmask32 slow;
@@ -709,7 +712,10 @@ NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t 
     case NB_FMT_FP8_CHANNEL: {
         if (a->div_dtype != NB_BF16 && a->div_dtype != NB_F32) return 1;
         if (!(a->scale >= 0x1p-100f && a->scale <= 0x1p100f)) return 1;
-        int64_t i = n >= 1024 && cpu_has_avx512vbmi() ? fp8_table512(x, n, a->scale, a->div_dtype, q, &vmax, NULL, NULL)
+        /* the table: per tensor, each thread builds it once (any row of 32 or more pays off); per
+         * channel, once a row (rows of 1024 or more pay off) */
+        int table = (n >= 1024 || (f == NB_FMT_FP8_TENSOR && n >= 32)) && cpu_has_avx512vbmi();
+        int64_t i = table ? fp8_table512(x, n, a->scale, a->div_dtype, q, &vmax, NULL, NULL)
                     : a->div_dtype == NB_BF16 && cpu_has_avx512bf16() ? fp8_steps512_bf16(x, n, a->scale, q, &vmax)
                     : fp8_steps512(x, n, a->scale, a->div_dtype, q, &vmax);
         if (i < n) fp8_ref_bf16(x + i, n - i, a->scale, a->div_dtype, q + i);
