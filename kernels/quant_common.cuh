@@ -112,6 +112,16 @@ NBQ_DEV uint8_t nbq_f32_to_e4m3(float x) {
     return nbq_f32_to_e4m3_raw(x);
 }
 
+// nbq_f32_to_e4m3 for a value that is not NaN, without branches (both of the raw conversion's
+// roundings, then a select): the hot loops' form.
+NBQ_DEV uint32_t nbq_e4m3_nonnan(float x) {
+    const uint32_t b = nbq_f2u(x), sign = (b >> 24) & 0x80u;
+    const uint32_t a = min(b & 0x7FFFFFFFu, 0x43E00000u);   // clamp to 448 (Inf included)
+    const uint32_t nrm = (a + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
+    const uint32_t den = nbq_f2u(__fadd_rn(nbq_u2f(a), nbq_u2f(141u << 23))) - (141u << 23);
+    return ((a < (121u << 23) ? den : nrm) & 0xFFu) | sign;
+}
+
 // nb_e4m3_to_f32 (every value is exact in f32; NaN as the C library's NAN / -NAN).
 NBQ_DEV float nbq_e4m3_to_f32(uint8_t b) {
     uint32_t e = (b >> 3) & 0xF, m = b & 7;
@@ -151,9 +161,10 @@ NBQ_DEV void nbq_store(void *y, int dt, int64_t i, float v) {
 }
 
 // Eight consecutive elements from element i (i a multiple of 8, x 16-byte aligned for 16-bit
-// dtypes and 32-byte aligned for F32): one or two 16-byte loads instead of eight scalar ones.
-NBQ_DEV void nbq_load8(const void *x, int dt, int64_t i, float v[8]) {
-    if (dt == NB_F32) {
+// dtypes and 32-byte aligned for F32): one or two 16-byte loads instead of eight scalar ones. The
+// template form keeps a kernel compiled for one input dtype free of the others' conversions.
+template <int XDT> NBQ_DEV void nbq_load8_t(const void *x, int64_t i, float v[8]) {
+    if (XDT == NB_F32) {
         const float4 a = ((const float4 *)x)[i / 4], b = ((const float4 *)x)[i / 4 + 1];
         v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
         v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
@@ -161,12 +172,24 @@ NBQ_DEV void nbq_load8(const void *x, int dt, int64_t i, float v[8]) {
     }
     const uint4 u = ((const uint4 *)x)[i / 8];
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
     for (int k = 0; k < 4; k++) {
         const uint16_t lo = (uint16_t)(w[k] & 0xFFFFu), hi = (uint16_t)(w[k] >> 16);
-        v[2 * k] = dt == NB_BF16 ? nbq_bf16_to_f32(lo) : nbq_f16_to_f32(lo);
-        v[2 * k + 1] = dt == NB_BF16 ? nbq_bf16_to_f32(hi) : nbq_f16_to_f32(hi);
+        v[2 * k] = XDT == NB_BF16 ? nbq_bf16_to_f32(lo) : nbq_f16_to_f32(lo);
+        v[2 * k + 1] = XDT == NB_BF16 ? nbq_bf16_to_f32(hi) : nbq_f16_to_f32(hi);
     }
 }
+
+NBQ_DEV void nbq_load8(const void *x, int dt, int64_t i, float v[8]) {
+    if (dt == NB_F32) nbq_load8_t<NB_F32>(x, i, v);
+    else if (dt == NB_BF16) nbq_load8_t<NB_BF16>(x, i, v);
+    else nbq_load8_t<NB_F16>(x, i, v);
+}
+
+// Work items (groups of 8 or 16 elements) per thread in the vector quantize kernels, their loads
+// issued together: one 16-byte load per thread at a time leaves an H200 latency-bound at about half of
+// a device copy's bandwidth.
+enum { NBQ_UNROLL = 2 };
 
 // Whether the vector kernels may run: every element count a multiple of 8 per row, and the
 // pointers aligned for nbq_load8 and the 8-byte stores (cudaMalloc gives 256 bytes).
@@ -277,6 +300,38 @@ NBQ_DEV float nbq_fp8_scaled(float x, float s, int div_dtype) {
     else if (div_dtype == NB_F16) v = nbq_f16_to_f32(nbq_f32_to_f16(v));
     return v;
 }
+
+// nbq_f32_to_e4m3(nbq_fp8_scaled(x, s, DD)) without the division, given r = nbq_fp8_recip(s). q0 =
+// RN(x * r) is within 3 ulp of RN(x / s) (r is within half an ulp of 1/s), and both round alike to
+// the next step's precision unless q0's bits below it lie within 4 ulp of a tie: the 20 bits E4M3
+// drops (F32 division, in E4M3's normal range) or the 16 bits bf16 drops (BF16 division; the E4M3 code
+// of that bf16 value is then the reference's own step). Near a tie, E4M3-subnormal F32 quotients,
+// NaN, Inf, a scale without a normal reciprocal (r is NaN) and F16 divisions take the division.
+// The division, out of line: the kernels' hot loop stays small (a handful of elements per million).
+__device__ __noinline__ uint8_t nbq_fp8_code_slow(float x, float s, int div_dtype);
+
+template <int DD> NBQ_DEV uint8_t nbq_fp8_code(float x, float s, float r) {
+    if (DD == NB_F32 || DD == NB_BF16) {
+        const float q0 = __fmul_rn(x, r);
+        const uint32_t u = __float_as_uint(q0) & 0x7FFFFFFFu;
+        if (DD == NB_BF16) {
+            if (((u & 0xFFFFu) - 0x8000u + 4u) > 8u && u < 0x7F800000u)   // finite: RNE to bf16 by the bits
+                return (uint8_t)nbq_e4m3_nonnan(nbq_u2f((nbq_f2u(q0) + 0x7FFFu + ((nbq_f2u(q0) >> 16) & 1u)) & 0xFFFF0000u));
+        } else {
+            if ((((u & 0xFFFFFu) - 0x80000u + 4u) > 8u && u >= 0x3C800000u && u < 0x7F800000u) || u == 0)
+                return (uint8_t)nbq_e4m3_nonnan(q0);
+        }
+    }
+    return nbq_fp8_code_slow(x, s, DD);
+}
+
+// The r of nbq_fp8_code, given r = RN(1/s) (__frcp_rn on the device, IEEE 1.0f / s on the host): r
+// where s and r are normal floats, else NaN (every element then takes the division).
+__host__ __device__ __forceinline__ float nbq_fp8_recip_ok(float s, float r) {
+    const float as = fabsf(s), ar = fabsf(r);
+    return (as >= 0x1p-126f && as <= 0x1.fffffep127f && ar >= 0x1p-126f && ar <= 0x1.fffffep127f) ? r : nanf("");
+}
+NBQ_DEV float nbq_fp8_recip(float s) { return nbq_fp8_recip_ok(s, __frcp_rn(s)); }
 
 // ---- launchers (one per format file); op: 0 quantize, 1 dequantize, 2 fake quant --------------------
 

@@ -35,44 +35,58 @@ __global__ void nbq_mxfp8_dequant_kernel(const uint8_t *q, const uint8_t *s, int
     }
 }
 
-// Quantize with four threads per 32-element block, eight elements each: vector loads, the block
-// max by two warp shuffles, one 8-byte store per thread and the scale byte from the first of the
-// four (needs nbq_vec_ok). Every thread of a warp runs the same iterations (the shuffles need them
-// all; rows * n / 8 is a multiple of 4, so a block's four threads are active together).
-__global__ void nbq_mxfp8_quant8_kernel(const void *x, int xdt, int64_t rows, int64_t n, nbq_kargs a, uint8_t *q,
+// Quantize with four threads per 32-element block, eight elements each, NBQ_UNROLL such groups per
+// thread with their loads issued together: vector loads, the block max by two warp shuffles, one
+// 8-byte store per group and the scale byte from the first of the four (needs nbq_vec_ok). Every
+// thread of a warp runs the same iterations (the shuffles need them all; rows * n / 8 is a multiple
+// of 4 and so is the block size, so a block's four threads are active together).
+template <int XDT>
+__global__ void nbq_mxfp8_quant8_kernel(const void *x, int64_t rows, int64_t n, nbq_kargs a, uint8_t *q,
                                         uint8_t *s) {
-    const int64_t total = rows * (n / 8), stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t base = blockIdx.x * (int64_t)blockDim.x; base < total; base += stride) {
-        const int64_t g = base + threadIdx.x;
-        const bool on = g < total;
-        float v[8];
-        float m = 0.0f;
-        if (on) {
-            nbq_load8(x, xdt, g * 8, v);
-            for (int k = 0; k < 8; k++) {
-                const float t = fabsf(v[k]);
-                if (t > m) m = t;
+    const int64_t total = rows * (n / 8), span = (int64_t)blockDim.x * NBQ_UNROLL;
+    for (int64_t base = blockIdx.x * span; base < total; base += (int64_t)gridDim.x * span) {
+        float v[NBQ_UNROLL][8];
+#pragma unroll
+        for (int k = 0; k < NBQ_UNROLL; k++) {
+            const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
+            if (g < total) nbq_load8_t<XDT>(x, g * 8, v[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < NBQ_UNROLL; k++) {
+            const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
+            const bool on = g < total;
+            float m = 0.0f;
+            if (on)
+                for (int i = 0; i < 8; i++) {
+                    const float t = fabsf(v[k][i]);
+                    if (t > m) m = t;
+                }
+            for (int off = 1; off < 4; off <<= 1) {
+                const float o = __shfl_xor_sync(0xFFFFFFFFu, m, off);
+                if (o > m) m = o;
             }
+            if (!on) continue;
+            const uint8_t code = nbq_mx_scale_byte(m, a);
+            const float sf = nbq_pow2(127 - (int)code);
+            if ((g & 3) == 0) s[g / 4] = code;
+            uint32_t w[2] = {0, 0};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {   // x * 2^-e as the reference (its NaN payload aside: NaN codes 0x7F)
+                const float t = __fmul_rn(v[k][i], sf);
+                w[i / 4] |= (t != t ? 0x7Fu : nbq_e4m3_nonnan(t)) << (8 * (i % 4));
+            }
+            ((uint2 *)q)[g] = make_uint2(w[0], w[1]);
         }
-        for (int off = 1; off < 4; off <<= 1) {
-            const float o = __shfl_xor_sync(0xFFFFFFFFu, m, off);
-            if (o > m) m = o;
-        }
-        if (!on) continue;
-        const uint8_t code = nbq_mx_scale_byte(m, a);
-        const float sf = nbq_pow2(127 - (int)code);
-        if ((g & 3) == 0) s[g / 4] = code;
-        uint32_t w[2] = {0, 0};
-        for (int k = 0; k < 8; k++) w[k / 4] |= (uint32_t)nbq_f32_to_e4m3(nbq_mul(v[k], sf)) << (8 * (k % 4));
-        ((uint2 *)q)[g] = make_uint2(w[0], w[1]);
     }
 }
 
 cudaError_t nbq_launch_mxfp8(const nbq_launch &l, const nbq_kargs &a) {
     const int threads = 128;
     if (l.op == NBQ_OP_QUANTIZE && nbq_vec_ok(l.x, l.xdt, l.q, l.n)) {
-        nbq_mxfp8_quant8_kernel<<<nbq_grid(l.rows * (l.n / 8), threads), threads, 0, l.stream>>>(l.x, l.xdt, l.rows, l.n,
-                                                                                                  a, l.q, l.s);
+        const unsigned grid = nbq_grid(l.rows * (l.n / 8), threads * NBQ_UNROLL);
+        if (l.xdt == NB_BF16) nbq_mxfp8_quant8_kernel<NB_BF16><<<grid, threads, 0, l.stream>>>(l.x, l.rows, l.n, a, l.q, l.s);
+        else if (l.xdt == NB_F16) nbq_mxfp8_quant8_kernel<NB_F16><<<grid, threads, 0, l.stream>>>(l.x, l.rows, l.n, a, l.q, l.s);
+        else nbq_mxfp8_quant8_kernel<NB_F32><<<grid, threads, 0, l.stream>>>(l.x, l.rows, l.n, a, l.q, l.s);
         return cudaGetLastError();
     }
     const unsigned grid = nbq_grid(l.rows * (l.n / NB_MXFP8_BLOCK), threads);

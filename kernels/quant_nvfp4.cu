@@ -56,8 +56,111 @@ __global__ void nbq_nvfp4_quant16_kernel(const void *x, int xdt, int64_t rows, i
     }
 }
 
+enum { NBQ_TAB_UNROLL = 2 };   // blocks per thread in nbq_nvfp4_tab16_kernel, their loads issued together
+
+// BF16 quantize by the threshold table of core/src/quant/fast_avx512.c (nbq_nv_table): for each scale
+// byte sb whose divisor p = e4m3(sb) * s2 is positive and at most 2^16, th[sb][j] + 1 is the smallest
+// bf16 magnitude whose quotient by p reaches the j-th E2M1 rounding boundary, found by binary search
+// with the reference's own division. An element's code is then the count of thresholds its magnitude
+// passes, and its sign bit (set for negative non-zero x: with p <= 2^16 no bf16 quotient underflows to
+// -0). Each thread block builds the table in shared memory (126 x 7 searches of 16 divisions), then
+// takes 16-element blocks like nbq_nvfp4_quant16_kernel, NBQ_TAB_UNROLL of them per thread with their
+// loads issued together; a block with a NaN or a scale byte outside the table runs the reference
+// arithmetic.
+__global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t n, nbq_kargs a, float norm, uint8_t *q,
+                                       uint8_t *s) {
+    __shared__ __align__(16) int16_t th[128][8];
+    __shared__ uint8_t ok[128];
+    const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    for (int i = threadIdx.x; i < 128; i += blockDim.x) {
+        const float p = nbq_block_divisor((uint8_t)i, a.scale);
+        ok[i] = i >= 1 && i <= 0x7E && p > 0.0f && p <= 0x1p16f;
+        th[i][7] = 0x7FFF;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 128 * 7; i += blockDim.x) {
+        const int sb = i / 7, j = i % 7;
+        if (!ok[sb]) continue;
+        const float p = nbq_block_divisor((uint8_t)sb, a.scale), b = bounds[j];
+        uint32_t lo = 0, hi = 0x7F80;   // smallest finite magnitude passing; 0x7F80 = none (only Inf)
+        while (lo < hi) {
+            const uint32_t mid = (lo + hi) / 2;
+            const float v = __fdiv_rn(nbq_bf16_to_f32((uint16_t)mid), p);
+            if ((j & 1) ? v >= b : v > b) hi = mid;
+            else lo = mid + 1;
+        }
+        th[sb][j] = (int16_t)((int32_t)lo - 1);
+    }
+    __syncthreads();
+    const int64_t total = rows * (n / NB_NVFP4_BLOCK), span = (int64_t)blockDim.x * NBQ_TAB_UNROLL;
+    for (int64_t base = blockIdx.x * span; base < total; base += (int64_t)gridDim.x * span) {
+        uint4 u[NBQ_TAB_UNROLL][2];   // each thread's blocks loaded before the first is coded
+#pragma unroll
+        for (int k = 0; k < NBQ_TAB_UNROLL; k++) {
+            const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
+            if (g < total) {
+                u[k][0] = ((const uint4 *)x)[2 * g];
+                u[k][1] = ((const uint4 *)x)[2 * g + 1];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NBQ_TAB_UNROLL; k++) {
+            const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
+            if (g >= total) break;
+            const uint32_t wv[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
+            uint32_t h[NB_NVFP4_BLOCK];
+            uint32_t mx = 0, nan = 0;   // the largest non-NaN magnitude (the reference's max skips NaN)
+            for (int i = 0; i < 8; i++) {
+                h[2 * i] = wv[i] & 0xFFFFu;
+                h[2 * i + 1] = wv[i] >> 16;
+            }
+            for (int i = 0; i < NB_NVFP4_BLOCK; i++) {
+                const uint32_t m = h[i] & 0x7FFFu;
+                if (m > 0x7F80u) nan = 1;
+                else mx = max(mx, m);
+            }
+            const uint8_t sb = a.block_amax ? nbq_block_scale_static(a.block_amax[g], a.global_amax, norm)
+                                            : nbq_block_scale_dynamic(nbq_bf16_to_f32((uint16_t)mx), a.scale);
+            uint32_t w[2] = {0, 0};
+            if (!nan && ok[sb & 0x7F] && !(sb & 0x80)) {
+                const int4 t4 = *(const int4 *)th[sb];
+                const int32_t t[7] = {(int16_t)(t4.x & 0xFFFF), t4.x >> 16, (int16_t)(t4.y & 0xFFFF), t4.y >> 16,
+                                      (int16_t)(t4.z & 0xFFFF), t4.z >> 16, (int16_t)(t4.w & 0xFFFF)};
+                for (int i = 0; i < NB_NVFP4_BLOCK; i++) {
+                    const int32_t m = (int32_t)(h[i] & 0x7FFFu);
+                    uint32_t c = 0;
+                    for (int j = 0; j < 7; j++) c += m > t[j];
+                    c |= (h[i] & 0x8000u) && m ? 8u : 0u;
+                    w[i / 8] |= c << (4 * (i % 8));
+                }
+            } else {
+                const float p = nbq_block_divisor(sb, a.scale);
+                for (int i = 0; i < NB_NVFP4_BLOCK; i++)
+                    w[i / 8] |= (uint32_t)nbq_f32_to_e2m1(nbq_div(nbq_bf16_to_f32((uint16_t)h[i]), p)) << (4 * (i % 8));
+            }
+            s[g] = sb;
+            ((uint2 *)q)[g] = make_uint2(w[0], w[1]);
+        }
+    }
+}
+
+// Thread blocks for the table kernel: enough to fill the device once (each builds its own table).
+static unsigned nbq_tab_grid(int64_t total, int threads) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms = 132;
+    const unsigned need = nbq_grid(total, threads), cap = (unsigned)sms * (2048u / (unsigned)threads);
+    return need < cap ? need : cap;
+}
+
 cudaError_t nbq_launch_nvfp4(const nbq_launch &l, const nbq_kargs &a, float norm, int pick46) {
     const int threads = 128;
+    if (l.op == NBQ_OP_QUANTIZE && l.xdt == NB_BF16 && !pick46 && nbq_vec_ok(l.x, l.xdt, l.q, l.n)) {
+        const int64_t total = l.rows * (l.n / NB_NVFP4_BLOCK);
+        nbq_nvfp4_tab16_kernel<<<nbq_tab_grid((total + NBQ_TAB_UNROLL - 1) / NBQ_TAB_UNROLL, 256), 256, 0, l.stream>>>((const uint16_t *)l.x, l.rows, l.n, a, norm,
+                                                                               l.q, l.s);
+        return cudaGetLastError();
+    }
     if (l.op == NBQ_OP_QUANTIZE && nbq_vec_ok(l.x, l.xdt, l.q, l.n)) {
         nbq_nvfp4_quant16_kernel<<<nbq_grid(l.rows * (l.n / NB_NVFP4_BLOCK), threads), threads, 0, l.stream>>>(
             l.x, l.xdt, l.rows, l.n, a, norm, pick46, l.q, l.s);

@@ -242,6 +242,95 @@ static void test_fp8_odd_rows(nb_ctx *ctx) {
     free(x);
 }
 
+/* FP8 quotients on and next to the rounding boundaries, where the kernels' multiply-by-1/s shortcut
+ * must hand over to the division: x = RN(m * s) +- k ulp for every E4M3 midpoint and value m (and,
+ * with a BF16 or F16 division, every midpoint of that dtype near them), for scales of every kind. */
+static void test_fp8_boundaries(nb_ctx *ctx) {
+    static const nb_dtype dts[3] = {NB_F32, NB_BF16, NB_F16};
+    const int64_t n = 2048, rows = 16;
+    float *x = malloc((size_t)(rows * n) * 4), rs[16];
+    for (int trial = 0; trial < 9; trial++) {
+        float s = trial == 0 ? 1.0f : trial == 1 ? ldexpf(1.0f, -7) : trial == 2 ? 3.0f / 448.0f
+                : (float)(nbt_unif() * 2.0 + 0.01) * ldexpf(1.0f, (int)(nbt_rnd32() % 20) - 10);
+        for (int64_t i = 0; i < rows * n; i++) {
+            uint8_t c = (uint8_t)(nbt_rnd32() % 0x7F);
+            float m = nb_e4m3_to_f32(c);
+            if (nbt_rnd32() & 1) m = (m + nb_e4m3_to_f32((uint8_t)(c + 1))) * 0.5f;   /* the midpoint above c */
+            if (nbt_rnd32() % 3 == 0) m = nb_bf16_to_f32((uint16_t)(nb_f32_to_bf16(m) + (nbt_rnd32() % 3) - 1)) +
+                                         ldexpf(m, -9);   /* near a BF16 midpoint */
+            float v = m * s;
+            uint32_t u = nbt_f2u(v) + (uint32_t)((int)(nbt_rnd32() % 9) - 4);
+            x[i] = nbt_u2f(u) * ((nbt_rnd32() & 1) ? -1.0f : 1.0f);
+            if (!(fabsf(x[i]) < 3e38f)) x[i] = 0.0f;
+        }
+        for (int d = 0; d < 3; d++) {
+            nb_cuda_qargs a;
+            nb_cuda_qargs_init(&a);
+            a.scale = s;
+            a.div_dtype = dts[d];
+            run_case(ctx, NB_FMT_FP8_TENSOR, x, rows, n, NB_F32, NB_F32, &a, "fp8 boundaries");
+        }
+        for (int64_t r = 0; r < rows; r++) rs[r] = s * (float)(1 + (r % 3 == 0 ? 0 : nbt_unif()));
+        nb_cuda_qargs a;
+        nb_cuda_qargs_init(&a);
+        a.row_scale = rs;
+        run_case(ctx, NB_FMT_FP8_CHANNEL, x, rows, n, NB_F32, NB_F32, &a, "fp8 channel boundaries");
+    }
+    free(x);
+}
+
+/* NaN and +-Inf inside rows (the API refuses them before quantizing, the kernels must still match the
+ * reference): quantize data and scale bytes of NVFP4 dynamic / static, MXFP8 and FP8 from F32 and BF16. */
+static void test_nonfinite(nb_ctx *ctx) {
+    const int64_t rows = 8, n = 1024;
+    float *x = malloc((size_t)(rows * n) * 4), *bam = malloc((size_t)(rows * n / 16) * 4);
+    uint8_t *q0 = malloc((size_t)(rows * n)), *q1 = malloc((size_t)(rows * n));
+    uint8_t *s0 = malloc((size_t)(rows * n / 16)), *s1 = malloc((size_t)(rows * n / 16));
+    void *xb = malloc((size_t)(rows * n) * 4);
+    float buf[1024], *buf2 = malloc((size_t)(rows * n) * 4);
+    static const nb_qformat fmts[4] = {NB_FMT_NVFP4, NB_FMT_NVFP4, NB_FMT_MXFP8, NB_FMT_FP8_TENSOR};
+    for (int trial = 0; trial < 8; trial++) {
+        nb_dtype xdt = trial & 1 ? NB_BF16 : NB_F32;
+        for (int64_t i = 0; i < rows * n; i++) {
+            uint32_t k = nbt_rnd32() % 64;
+            x[i] = k == 0 ? NAN : k == 1 ? -NAN : k == 2 ? INFINITY : k == 3 ? -INFINITY : (float)nb_rng_normal(&nbt_rng);
+        }
+        for (int64_t b = 0; b < rows * n / 16; b++) bam[b] = (float)(nbt_unif() * 3.0);
+        for (int fi = 0; fi < 4; fi++) {
+            nb_qformat f = fmts[fi];
+            /* MXFP8 gets NaN only: the reference's E8M0 exponent of an infinite amax is undefined ((int) of
+             * ceilf(log2(inf))) */
+            for (int64_t i = 0; i < rows * n; i++) buf2[i] = f == NB_FMT_MXFP8 && isinf(x[i]) ? NAN : x[i];
+            nbq_store_row(xb, xdt, 0, rows * n, buf2);
+            nb_cuda_qargs a;
+            nb_cuda_qargs_init(&a);
+            a.scale = f == NB_FMT_FP8_TENSOR ? 2.5f / 448.0f : nb_nvfp4_scale2(3.0f, 448.0f);
+            a.global_amax = 3.0f;
+            a.block_amax = fi == 1 ? bam : NULL;
+            const nb_qformat_traits *tr = nb_qformat_info(f);
+            int64_t qrow = f == NB_FMT_NVFP4 ? n / 2 : n, srow = tr->block_size ? n / tr->block_size : 0;
+            for (int64_t r = 0; r < rows; r++) {
+                nb_qrow_args ra;
+                memset(&ra, 0, sizeof ra);
+                ra.scale = a.scale;
+                ra.global_amax = a.global_amax;
+                ra.block_amax = a.block_amax ? a.block_amax + r * (n / 16) : NULL;
+                ra.div_dtype = NB_F32;
+                nbq_load_row(xb, xdt, r, n, buf);
+                if (f == NB_FMT_NVFP4) nb_nvfp4_quantize_row_ref(buf, n, &ra, q0 + r * qrow, s0 + r * srow);
+                else if (f == NB_FMT_MXFP8) nb_mxfp8_quantize_row_ref(buf, n, &ra, q0 + r * qrow, s0 + r * srow);
+                else nb_fp8_quantize_row_ref(buf, n, &ra, q0 + r * qrow, NULL);
+            }
+            CHECK_OK(ctx, nb_cuda_quantize_host(ctx, f, xb, xdt, rows, n, &a, q1, s1));
+            CHECK_SAME(tr->name, q0, q1, rows * qrow, "non-finite quantize data (%s in, block amax %d)",
+                       nb_dtype_info(xdt)->name, fi == 1);
+            CHECK_SAME(tr->name, s0, s1, rows * srow, "non-finite quantize scales (%s in)", nb_dtype_info(xdt)->name);
+            n_cases++;
+        }
+    }
+    free(x); free(bam); free(q0); free(q1); free(s0); free(s1); free(xb); free(buf2);
+}
+
 static void test_errors(nb_ctx *ctx) {
     nb_cuda_qargs a;
     nb_cuda_qargs_init(&a);
@@ -267,6 +356,8 @@ int main(void) {
     test_mx_edges(ctx);
     test_formats(ctx);
     test_fp8_odd_rows(ctx);
+    test_fp8_boundaries(ctx);
+    test_nonfinite(ctx);
     printf("configurations compared bit for bit with the scalar reference: %lld\n", (long long)n_cases);
     nb_ctx_release(ctx);
     return nbt_done("test_quant_cuda");
