@@ -122,6 +122,19 @@ NBQ_DEV uint32_t nbq_e4m3_nonnan(float x) {
     return ((a < (121u << 23) ? den : nrm) & 0xFFu) | sign;
 }
 
+// The E4M3 codes of a (low byte) and b (high byte), neither NaN: on sm_89+ one conversion instruction
+// (cvt.rn.satfinite.e4m3x2.f32: nearest even, magnitudes past 448 and Inf saturate to 448, exactly
+// nbq_f32_to_e4m3 for every non-NaN input), elsewhere nbq_e4m3_nonnan twice.
+NBQ_DEV uint32_t nbq_e4m3x2_nonnan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint16_t d;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(b), "f"(a));
+    return d;
+#else
+    return nbq_e4m3_nonnan(a) | (nbq_e4m3_nonnan(b) << 8);
+#endif
+}
+
 // nb_e4m3_to_f32 (every value is exact in f32; NaN as the C library's NAN / -NAN).
 NBQ_DEV float nbq_e4m3_to_f32(uint8_t b) {
     uint32_t e = (b >> 3) & 0xF, m = b & 7;
@@ -310,19 +323,32 @@ NBQ_DEV float nbq_fp8_scaled(float x, float s, int div_dtype) {
 // The division, out of line: the kernels' hot loop stays small (a handful of elements per million).
 __device__ __noinline__ uint8_t nbq_fp8_code_slow(float x, float s, int div_dtype);
 
-template <int DD> NBQ_DEV uint8_t nbq_fp8_code(float x, float s, float r) {
-    if (DD == NB_F32 || DD == NB_BF16) {
-        const float q0 = __fmul_rn(x, r);
-        const uint32_t u = __float_as_uint(q0) & 0x7FFFFFFFu;
-        if (DD == NB_BF16) {
-            if (((u & 0xFFFFu) - 0x8000u + 4u) > 8u && u < 0x7F800000u)   // finite: RNE to bf16 by the bits
-                return (uint8_t)nbq_e4m3_nonnan(nbq_u2f((nbq_f2u(q0) + 0x7FFFu + ((nbq_f2u(q0) >> 16) & 1u)) & 0xFFFF0000u));
-        } else {
-            if ((((u & 0xFFFFFu) - 0x80000u + 4u) > 8u && u >= 0x3C800000u && u < 0x7F800000u) || u == 0)
-                return (uint8_t)nbq_e4m3_nonnan(q0);
-        }
+// q0 = RN(x * r) as the value the E4M3 step sees, when it is the reference's (see above); else NaN.
+template <int DD> NBQ_DEV float nbq_fp8_fast_value(float x, float r) {
+    const float q0 = __fmul_rn(x, r);
+    const uint32_t b = nbq_f2u(q0), u = b & 0x7FFFFFFFu;
+    if (DD == NB_BF16) {   // finite and clear of a bf16 tie: RNE to bf16 by the bits
+        if (((u & 0xFFFFu) - 0x8000u + 4u) > 8u && u < 0x7F800000u)
+            return nbq_u2f((b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u);
+    } else if (DD == NB_F32) {   // in E4M3's normal range (or zero) and clear of an E4M3 tie
+        if ((((u & 0xFFFFFu) - 0x80000u + 4u) > 8u && u >= 0x3C800000u && u < 0x7F800000u) || u == 0) return q0;
     }
-    return nbq_fp8_code_slow(x, s, DD);
+    return nbq_u2f(0x7FC00000u);
+}
+
+// The codes of x0 (low byte) and x1 (high byte): one conversion for the pair when both take the
+// multiply, else each its own way.
+template <int DD> NBQ_DEV uint32_t nbq_fp8_code2(float x0, float x1, float s, float r) {
+    const float v0 = nbq_fp8_fast_value<DD>(x0, r), v1 = nbq_fp8_fast_value<DD>(x1, r);
+    if (v0 == v0 && v1 == v1) return nbq_e4m3x2_nonnan(v0, v1);
+    const uint32_t c0 = v0 == v0 ? nbq_e4m3_nonnan(v0) : nbq_fp8_code_slow(x0, s, DD);
+    const uint32_t c1 = v1 == v1 ? nbq_e4m3_nonnan(v1) : nbq_fp8_code_slow(x1, s, DD);
+    return c0 | (c1 << 8);
+}
+
+template <int DD> NBQ_DEV uint8_t nbq_fp8_code(float x, float s, float r) {
+    const float v = nbq_fp8_fast_value<DD>(x, r);
+    return v == v ? (uint8_t)nbq_e4m3_nonnan(v) : nbq_fp8_code_slow(x, s, DD);
 }
 
 // The r of nbq_fp8_code, given r = RN(1/s) (__frcp_rn on the device, IEEE 1.0f / s on the host): r

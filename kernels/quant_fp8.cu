@@ -48,7 +48,7 @@ __global__ void nbq_fp8_quant8_kernel(const void *x, int64_t rows, int64_t n, fl
             const float r = row_scale ? nbq_fp8_recip(sc) : recip;
             uint32_t w[2] = {0, 0};
 #pragma unroll
-            for (int i = 0; i < 8; i++) w[i / 4] |= (uint32_t)nbq_fp8_code<DD>(v[k][i], sc, r) << (8 * (i % 4));
+            for (int i = 0; i < 8; i += 2) w[i / 4] |= nbq_fp8_code2<DD>(v[k][i], v[k][i + 1], sc, r) << (8 * (i % 4));
             ((uint2 *)q)[g] = make_uint2(w[0], w[1]);
         }
     }

@@ -71,9 +71,12 @@ __global__ void nbq_mxfp8_quant8_kernel(const void *x, int64_t rows, int64_t n, 
             if ((g & 3) == 0) s[g / 4] = code;
             uint32_t w[2] = {0, 0};
 #pragma unroll
-            for (int i = 0; i < 8; i++) {   // x * 2^-e as the reference (its NaN payload aside: NaN codes 0x7F)
-                const float t = __fmul_rn(v[k][i], sf);
-                w[i / 4] |= (t != t ? 0x7Fu : nbq_e4m3_nonnan(t)) << (8 * (i % 4));
+            for (int i = 0; i < 8; i += 2) {   // x * 2^-e as the reference (its NaN payload aside: NaN codes 0x7F)
+                const float t0 = __fmul_rn(v[k][i], sf), t1 = __fmul_rn(v[k][i + 1], sf);
+                uint32_t c = nbq_e4m3x2_nonnan(t0 == t0 ? t0 : 0.0f, t1 == t1 ? t1 : 0.0f);
+                if (t0 != t0) c = (c & 0xFF00u) | 0x7Fu;
+                if (t1 != t1) c = (c & 0x00FFu) | 0x7F00u;
+                w[i / 4] |= c << (8 * (i % 4));
             }
             ((uint2 *)q)[g] = make_uint2(w[0], w[1]);
         }

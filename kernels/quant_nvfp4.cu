@@ -62,20 +62,46 @@ enum { NBQ_TAB_UNROLL = 2 };   // blocks per thread in nbq_nvfp4_tab16_kernel, t
 // byte sb whose divisor p = e4m3(sb) * s2 is positive and at most 2^16, th[sb][j] + 1 is the smallest
 // bf16 magnitude whose quotient by p reaches the j-th E2M1 rounding boundary, found by binary search
 // with the reference's own division. An element's code is then the count of thresholds its magnitude
-// passes, and its sign bit (set for negative non-zero x: with p <= 2^16 no bf16 quotient underflows to
+// passes (nbq_e2m1_count2, two elements at a time), and its sign bit (set for negative non-zero x: with p <= 2^16 no bf16 quotient underflows to
 // -0). Each thread block builds the table in shared memory (126 x 7 searches of 16 divisions), then
 // takes 16-element blocks like nbq_nvfp4_quant16_kernel, NBQ_TAB_UNROLL of them per thread with their
 // loads issued together; a block with a NaN or a scale byte outside the table runs the reference
 // arithmetic.
+// Codes of the two bf16 magnitudes in m2 (halves, sign bits clear, no NaN) against a scale byte's
+// thresholds th (each duplicated in both halves): seven packed bf16 compares (1.0 where the magnitude
+// is above), summed onto 128.0 so each half's low bits are the count. One instruction per element and
+// threshold where the integer compares took two at half rate.
+// (Before sm_90, which has no bf16x2 compare: integer compares of each half.)
+NBQ_DEV uint32_t nbq_e2m1_count2(uint32_t m2, const uint32_t *th) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t acc = 0x43004300u;   // (128.0, 128.0) in bf16: 128 + k is exact for k <= 7
+#pragma unroll
+    for (int j = 0; j < 7; j++) {
+        uint32_t gt;
+        asm("set.gt.bf16x2.bf16x2 %0, %1, %2;" : "=r"(gt) : "r"(m2), "r"(th[j]));
+        asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(acc) : "r"(acc), "r"(gt));
+    }
+    return acc & 0x000F000Fu;
+#else
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < 7; j++) {
+        lo += (m2 & 0xFFFFu) > (th[j] & 0xFFFFu);
+        hi += (m2 >> 16) > (th[j] >> 16);
+    }
+    return lo | (hi << 16);
+#endif
+}
+
 __global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t n, nbq_kargs a, float norm, uint8_t *q,
                                        uint8_t *s) {
-    __shared__ __align__(16) int16_t th[128][8];
+    __shared__ __align__(16) uint32_t th[128][8];   // T_j - 1 in both halves; [7] unused
     __shared__ uint8_t ok[128];
     const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
     for (int i = threadIdx.x; i < 128; i += blockDim.x) {
         const float p = nbq_block_divisor((uint8_t)i, a.scale);
         ok[i] = i >= 1 && i <= 0x7E && p > 0.0f && p <= 0x1p16f;
-        th[i][7] = 0x7FFF;
+        th[i][7] = 0;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < 128 * 7; i += blockDim.x) {
@@ -89,7 +115,7 @@ __global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t 
             if ((j & 1) ? v >= b : v > b) hi = mid;
             else lo = mid + 1;
         }
-        th[sb][j] = (int16_t)((int32_t)lo - 1);
+        th[sb][j] = (lo - 1) * 0x00010001u;   // lo >= 1: a zero magnitude never passes
     }
     __syncthreads();
     const int64_t total = rows * (n / NB_NVFP4_BLOCK), span = (int64_t)blockDim.x * NBQ_TAB_UNROLL;
@@ -108,35 +134,33 @@ __global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t 
             const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
             if (g >= total) break;
             const uint32_t wv[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
-            uint32_t h[NB_NVFP4_BLOCK];
             uint32_t mx = 0, nan = 0;   // the largest non-NaN magnitude (the reference's max skips NaN)
+#pragma unroll
             for (int i = 0; i < 8; i++) {
-                h[2 * i] = wv[i] & 0xFFFFu;
-                h[2 * i + 1] = wv[i] >> 16;
-            }
-            for (int i = 0; i < NB_NVFP4_BLOCK; i++) {
-                const uint32_t m = h[i] & 0x7FFFu;
-                if (m > 0x7F80u) nan = 1;
-                else mx = max(mx, m);
+                const uint32_t m0 = wv[i] & 0x7FFFu, m1 = (wv[i] >> 16) & 0x7FFFu;
+                nan |= (m0 > 0x7F80u) | (m1 > 0x7F80u);
+                mx = max(mx, max(m0 > 0x7F80u ? 0u : m0, m1 > 0x7F80u ? 0u : m1));
             }
             const uint8_t sb = a.block_amax ? nbq_block_scale_static(a.block_amax[g], a.global_amax, norm)
                                             : nbq_block_scale_dynamic(nbq_bf16_to_f32((uint16_t)mx), a.scale);
             uint32_t w[2] = {0, 0};
             if (!nan && ok[sb & 0x7F] && !(sb & 0x80)) {
-                const int4 t4 = *(const int4 *)th[sb];
-                const int32_t t[7] = {(int16_t)(t4.x & 0xFFFF), t4.x >> 16, (int16_t)(t4.y & 0xFFFF), t4.y >> 16,
-                                      (int16_t)(t4.z & 0xFFFF), t4.z >> 16, (int16_t)(t4.w & 0xFFFF)};
-                for (int i = 0; i < NB_NVFP4_BLOCK; i++) {
-                    const int32_t m = (int32_t)(h[i] & 0x7FFFu);
-                    uint32_t c = 0;
-                    for (int j = 0; j < 7; j++) c += m > t[j];
-                    c |= (h[i] & 0x8000u) && m ? 8u : 0u;
-                    w[i / 8] |= c << (4 * (i % 8));
+                const uint4 t0 = *(const uint4 *)&th[sb][0], t1 = *(const uint4 *)&th[sb][4];
+                const uint32_t t[7] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z};
+#pragma unroll
+                for (int i = 0; i < 8; i++) {   // elements 2i, 2i+1: one byte
+                    const uint32_t m2 = wv[i] & 0x7FFF7FFFu;
+                    // the sign bit where x < 0 and x != 0 (m + 0x7FFF reaches bit 15 iff m >= 1, no carry out)
+                    const uint32_t sg = wv[i] & (m2 + 0x7FFF7FFFu) & 0x80008000u;
+                    const uint32_t c = nbq_e2m1_count2(m2, t) | (sg >> 12);
+                    w[i / 4] |= ((c | (c >> 12)) & 0xFFu) << (8 * (i % 4));
                 }
             } else {
                 const float p = nbq_block_divisor(sb, a.scale);
-                for (int i = 0; i < NB_NVFP4_BLOCK; i++)
-                    w[i / 8] |= (uint32_t)nbq_f32_to_e2m1(nbq_div(nbq_bf16_to_f32((uint16_t)h[i]), p)) << (4 * (i % 8));
+                for (int i = 0; i < NB_NVFP4_BLOCK; i++) {
+                    const uint16_t hv = (uint16_t)(wv[i / 2] >> (16 * (i % 2)));
+                    w[i / 8] |= (uint32_t)nbq_f32_to_e2m1(nbq_div(nbq_bf16_to_f32(hv), p)) << (4 * (i % 8));
+                }
             }
             s[g] = sb;
             ((uint2 *)q)[g] = make_uint2(w[0], w[1]);

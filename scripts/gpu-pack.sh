@@ -13,7 +13,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-/tmp/build-cuda}
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo "gpu-pack: no nvcc here" >&2; exit 1; }
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DNIBBLE_CUDA=ON >/dev/null
+# the architecture on the command line: a build folder configured before the sm_90 default would
+# otherwise keep its cached one (sm_75 PTX, JIT-compiled on the H200, without sm_89+ instructions)
+arch=${CMAKE_CUDA_ARCHITECTURES:-90}
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DNIBBLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null
 cmake --build "$build" -j"$(nproc)" --target test_quant_cuda bench_quant_cuda
 test_bin=$(find "$build/tests" -name test_quant_cuda -type f | head -1)
 bench_bin="$build/bench/bench_quant_cuda"
@@ -33,6 +36,7 @@ done | sort -u | while read -r lib; do
   esac
 done
 
+echo "sm_$arch" >"$out/arch"
 cat >"$out/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root (see scripts/gpu-pack.sh).
@@ -41,7 +45,8 @@ export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="${OUT:-/tmp}/gpu.log"
 rc=0
 {
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,compute_cap --format=csv || true
+  echo "built for: $(cat "$here/arch")"
   echo "== test_quant_cuda"
   "$here/bin/test_quant_cuda"; r=$?; echo "test_quant_cuda exit $r"; [ $r -eq 0 ] || rc=1
   echo "== bench_quant_cuda 8192 x 8192"
