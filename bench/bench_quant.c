@@ -1,12 +1,14 @@
-/* Quantizer throughput on a 4096x4096 BF16 weight: nb_quantize for NVFP4 (dynamic, four_over_six
+/* Quantizer throughput on a BF16 weight (4096x4096 unless --rows / --cols say otherwise): nb_quantize for NVFP4 (dynamic, four_over_six
  * static and per-block pick), MXFP8 and FP8 (per tensor, per channel), AVX-512 / AVX2 paths vs the
  * scalar reference, as GB/s of input read and as a ratio to memcpy of the same bytes on the same
  * threads, measured in this process. Each case runs twice: "new" (nb_quantize allocates the output
  * each time) and "into" (nb_quantize_into reuses one output, like memcpy's pre-faulted destination).
  * "_cal" cases pass the per-tensor amax (as a calibrated quantizer does), so no amax pass runs.
  * Also prints the bytes each case must move and the amax pass timed alone.
- * Usage: bench_quant [--threads N] [--reps N] [--input raw_bf16_4096x4096.bin] [--formats a,b,..]
- *                    [--paths avx512,avx2,reference] [--quick] */
+ * Usage: bench_quant [--threads N] [--reps N] [--rows R] [--cols C] [--input raw_bf16_RxC.bin]
+ *                    [--formats a,b,..] [--paths avx512,avx2,reference] [--quick]
+ * --cols must be a multiple of 32 (the MXFP8 block); rows of 576 or 896 (SmolLM2-135M's widths) show the
+ * kernels' row tails, which 4096 never has. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +19,7 @@
 #include "quant/fast_internal.h"
 #include "bench_common.h"
 
-enum { ROWS = 4096, COLS = 4096 };
+static int64_t ROWS = 4096, COLS = 4096;
 
 typedef struct timing {
     double wall, best, cpu;   /* median wall, best wall, median process CPU time (seconds) */
@@ -68,12 +70,13 @@ static timing time_memcpy(nb_ctx *ctx, void *dst, const void *src, int64_t bytes
 typedef struct bcase {
     const char *label;
     nb_qformat fmt;
-    int static_blocks;   /* NVFP4_46 with calibrated per-block amax (the export path) */
+    int static_blocks;   /* 1: calibrated per-block amax (static block scales, the export path); 2: calibrated amax */
 } bcase;
 
 static const bcase CASES[] = {
     {"nvfp4", NB_FMT_NVFP4, 0},
     {"nvfp4_cal", NB_FMT_NVFP4, 2},
+    {"nvfp4_static", NB_FMT_NVFP4, 1},
     {"nvfp4_46", NB_FMT_NVFP4_46, 1},
     {"nvfp4_46_pick", NB_FMT_NVFP4_46, 0},
     {"mxfp8", NB_FMT_MXFP8, 0},
@@ -124,7 +127,7 @@ static timing time_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p
 
 typedef struct amax_job {
     const uint16_t *x;
-    int64_t per;
+    int64_t per, numel;
     float part[64];
 } amax_job;
 
@@ -132,7 +135,8 @@ static void amax_range(void *arg, int64_t b, int64_t e) {
     amax_job *j = arg;
     for (int64_t c = b; c < e; c++) {
         int nf;
-        j->part[c] = nbq_fast_absmax(j->x + c * j->per, NB_BF16, j->per, &nf);
+        int64_t lo = c * j->per, hi = c == 63 ? j->numel : lo + j->per;   /* the last part takes the remainder */
+        j->part[c] = nbq_fast_absmax(j->x + lo, NB_BF16, hi - lo, &nf);
     }
 }
 
@@ -150,16 +154,22 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) ROWS = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--cols") && i + 1 < argc) COLS = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--input") && i + 1 < argc) input = argv[++i];
         else if (!strcmp(argv[i], "--formats") && i + 1 < argc) formats = argv[++i];
         else if (!strcmp(argv[i], "--paths") && i + 1 < argc) pathlist = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--input raw.bin] [--formats nvfp4,mxfp8,..] [--paths avx512,avx2,reference] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--rows R] [--cols C] [--input raw.bin] [--formats nvfp4,mxfp8,..] [--paths avx512,avx2,reference] [--quick]\n", argv[0]);
             return 2;
         }
     }
     if (reps < 1) reps = 1;
+    if (ROWS < 1 || COLS < 32 || COLS % 32) {
+        fprintf(stderr, "--rows must be positive and --cols a positive multiple of 32\n");
+        return 2;
+    }
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(threads, &ctx)) return 1;
     const int64_t shape[2] = {ROWS, COLS};
@@ -182,7 +192,7 @@ int main(int argc, char **argv) {
     uint8_t *dst = malloc((size_t)bytes);
     timing cp = time_memcpy(ctx, dst, xd, bytes, reps * 2);
     double gb = (double)bytes / 1e9;
-    printf("nibble bench_quant: %dx%d bf16 (%.1f MiB), %d threads, %d runs each; CPU path at load: %s\n", ROWS, COLS,
+    printf("nibble bench_quant: %lldx%lld bf16 (%.1f MiB), %d threads, %d runs each; CPU path at load: %s\n", (long long)ROWS, (long long)COLS,
            (double)bytes / 1048576.0, threads, reps, nb_quant_cpu_path());
     printf("memcpy of the same bytes (destination pre-faulted, reused): median %.3f ms = %.1f GB/s, best %.3f ms = %.1f GB/s, "
            "cpu %.3f ms\n",
@@ -243,7 +253,8 @@ int main(int argc, char **argv) {
     {
         amax_job j;
         j.x = xd;
-        j.per = (int64_t)ROWS * COLS / 64;
+        j.numel = (int64_t)ROWS * COLS;
+        j.per = j.numel / 64;
         double *t = malloc((size_t)reps * sizeof *t);
         for (int r = -1; r < reps; r++) {
             double t0 = bench_now();
@@ -251,8 +262,8 @@ int main(int argc, char **argv) {
             if (r >= 0) t[r] = bench_now() - t0;
         }
         double best, med = bench_median(t, reps, &best);
-        printf("\namax + NaN/Inf pass alone (reads the 32 MiB once, %d threads): median %.3f ms, best %.3f ms "
-               "(= %.2f of memcpy's best time)\n", threads, med * 1e3, best * 1e3, best / cp.best);
+        printf("\namax + NaN/Inf pass alone (reads the %.1f MiB once, %d threads): median %.3f ms, best %.3f ms "
+               "(= %.2f of memcpy's best time)\n", (double)bytes / 1048576.0, threads, med * 1e3, best * 1e3, best / cp.best);
         free(t);
     }
     free(dst);

@@ -3,9 +3,10 @@
  * on random and adversarial rows (zeros, -0, exact E2M1/E4M3 ties, huge, tiny, subnormal, blocks
  * whose scale underflows FP8, NaN-producing zero scales), static and dynamic, the AVX-512 BF16
  * kernels and the AVX2 NVFP4 threshold-table kernel on the same kinds of rows and on every bf16
- * pattern (the AVX2 one on AVX2-only CPUs too), and the drivers end to end with every
- * path (odd row counts, rows that are not whole kernel groups, the one-pass NaN/Inf and zero-row
- * errors, nb_quantize_into). Prints which path the dispatcher chose. */
+ * pattern (the AVX2 one on AVX2-only CPUs too), NVFP4 rows that are not whole kernel groups (the
+ * overlapping last group, the zero-padded short rows; every kernel, with guard bytes), and the
+ * drivers end to end with every path (odd row counts, rows that are not whole kernel groups, the
+ * one-pass NaN/Inf and zero-row errors, nb_quantize_into). Prints which path the dispatcher chose. */
 #include "nbtest.h"
 #include <stdint.h>
 
@@ -218,22 +219,40 @@ typedef struct row_case {
 
 static int64_t n_rows_checked = 0;
 
+enum { ROW_GUARD = 64 };   /* bytes past a row function's outputs, prefilled with 0xEE and checked after */
+
+/* The row function's outputs and their guard bytes to 0xEE, and afterwards the guard bytes unchanged. */
+static void row_guard_fill(void *p, int64_t bytes) { memset(p, 0xEE, (size_t)(bytes + ROW_GUARD)); }
+static int row_guard_ok(const void *p, int64_t bytes) {
+    const uint8_t *b = (const uint8_t *)p + bytes;
+    for (int i = 0; i < ROW_GUARD; i++)
+        if (b[i] != 0xEE) return 0;
+    return 1;
+}
+
 static void compare_row(const row_case *rc, const float *x, int64_t n, const nb_qrow_args *a, const char *mode) {
     int64_t qb = n * rc->qbytes_num / 2, sbn = rc->block ? n / rc->block : 0;
-    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
-    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
-    float *y0 = calloc((size_t)n + 1, 4), *y1 = calloc((size_t)n + 1, 4);
+    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = malloc((size_t)(qb + ROW_GUARD));
+    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = malloc((size_t)(sbn + ROW_GUARD));
+    float *y0 = calloc((size_t)n + 1, 4), *y1 = malloc((size_t)(n * 4 + ROW_GUARD));
     rc->qr(x, n, a, q0, s0);
+    row_guard_fill(q1, qb);
+    row_guard_fill(s1, sbn);
     rc->qf(x, n, a, q1, s1);
     CHECK_SAME(rc->name, q0, q1, qb, "quantize data, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
     CHECK_SAME(rc->name, s0, s1, sbn, "quantize scales, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+    CHECK_MSG(row_guard_ok(q1, qb) && row_guard_ok(s1, sbn), "%s quantize wrote past the row, %s n=%lld", rc->name, mode, (long long)n);
     rc->fr(x, n, a, y0);
+    row_guard_fill(y1, n * 4);
     rc->ff(x, n, a, y1);
     CHECK_SAME(rc->name, y0, y1, n * 4, "fake, %s n=%lld scale=%a", mode, (long long)n, (double)a->scale);
+    CHECK_MSG(row_guard_ok(y1, n * 4), "%s fake wrote past the row, %s n=%lld", rc->name, mode, (long long)n);
     if (rc->dr) {
         rc->dr(q0, s0, n, a, y0);
+        row_guard_fill(y1, n * 4);
         rc->df(q0, s0, n, a, y1);
         CHECK_SAME(rc->name, y0, y1, n * 4, "dequantize of the quantized row, %s n=%lld", mode, (long long)n);
+        CHECK_MSG(row_guard_ok(y1, n * 4), "%s dequantize wrote past the row, %s n=%lld", rc->name, mode, (long long)n);
         /* arbitrary bytes too: NaN scale codes, inf E8M0, every data code */
         for (int64_t i = 0; i < qb; i++) q0[i] = (uint8_t)nbt_rnd32();
         for (int64_t i = 0; i < sbn; i++) s0[i] = (uint8_t)nbt_rnd32();
@@ -302,6 +321,38 @@ static void test_nvfp4_rows(void) {
         a.scale = (trial & 16) ? (float)(nbt_unif() * 3.0) : nb_nvfp4_scale2(a.global_amax, 256.0f);
         compare_row(&nv46, x, n, &a, "46 pick");
     }
+    /* rows that are not whole 8-block groups: 1-7 blocks (one group on a zero-padded copy), 9-40
+     * blocks (whole groups, then one group ending at the row's last block over blocks already done),
+     * SmolLM2-135M's 576 and 896; each block unlike its neighbours (kinds and scales at random) */
+    const int64_t rows0 = n_rows_checked;
+    for (int64_t nb = 1; nb <= 42; nb++)
+        for (int trial = 0; trial < 4; trial++) {
+            const int64_t n = (nb <= 40 ? nb : nb == 41 ? 36 : 56) * 16;
+            const int t = (int)(nbt_rnd32() % 40) - 20;
+            gen_row(x, n, 16, trial == 0 ? 0 : trial == 1 ? 3 : -1, t);
+            float amax = row_absmax(x, n);
+            nb_qrow_args a;
+            memset(&a, 0, sizeof a);
+            a.div_dtype = NB_F32;
+            a.global_amax = amax > 0.0f ? amax : 1.0f;
+            a.scale = trial == 1 ? ldexpf(1.0f, t) : nb_nvfp4_scale2(a.global_amax, 448.0f);
+            compare_row(&nv, x, n, &a, "row tails, dynamic");
+            a.scale = trial == 1 ? ldexpf(1.0f, t) : nb_nvfp4_scale2(a.global_amax, 256.0f);
+            compare_row(&nv46, x, n, &a, "row tails, 46 pick");
+            for (int64_t b = 0; b < n / 16; b++) {
+                float m = row_absmax(x + b * 16, 16);
+                int r = (int)(nbt_rnd32() % 4);
+                bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(nbt_unif() * 4.0) * m;
+            }
+            a.block_amax = bam;
+            a.global_amax = row_absmax(bam, n / 16);
+            if (a.global_amax == 0.0f) a.global_amax = 1.0f;
+            a.scale = nb_nvfp4_scale2(a.global_amax, 448.0f);
+            compare_row(&nv, x, n, &a, "row tails, static");
+            a.scale = nb_nvfp4_scale2(a.global_amax, 256.0f);
+            compare_row(&nv46, x, n, &a, "row tails, 46 static");
+        }
+    CHECK_EQ_INT(n_rows_checked - rows0, 42 * 4 * 4);
     free(x);
     free(bam);
 }
@@ -1077,6 +1128,176 @@ static void test_nv_table_mixed(void) {
     free(x); free(bam); free(h); free(q0); free(q1); free(s0); free(s1);
 }
 
+/* ---- NVFP4 BF16 row tails: the overlapping last group, the padded short rows ------------------------ */
+
+static int64_t n_nv_tail_rows = 0, n_nv_tail_bad = 0;
+
+/* The three BF16 NVFP4 kernels (AVX-512 plain and by table with HAVE512, AVX2 by table always) on one
+ * row: status `want` (0, or 2 for a row holding a NaN/Inf), and for want 0 data and scales equal to the
+ * reference's; nothing written past the row either way. */
+static void check_nv_tail(nb_qformat f, const float *x, const uint16_t *h, int64_t n, const nb_qrow_args *a, int want,
+                          const char *mode) {
+    static const char *names[3] = {"avx512 bf16", "avx512 table", "avx2 table"};
+    const int64_t qb = n / 2, sbn = n / 16;
+    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = malloc((size_t)(qb + GUARD));
+    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = malloc((size_t)(sbn + GUARD));
+    uint8_t ee[GUARD];
+    memset(ee, 0xEE, sizeof ee);
+    if (want == 0) (f == NB_FMT_NVFP4 ? nb_nvfp4_quantize_row_ref : nb_nvfp4_46_quantize_row_ref)(x, n, a, q0, s0);
+    nbq_nv_table_build(a->scale, &NVTAB);
+    for (int k = HAVE512 ? 0 : 2; k < 3; k++) {
+        prefill_out(q1, qb, s1, sbn);
+        int st = k == 0 ? nbq_avx512_quantize_bf16(f, h, n, a, q1, s1)
+               : k == 1 ? nbq_avx512_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1)
+                        : nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1);
+        CHECK_MSG(st == want, "%s returned %d, wanted %d: nvfp4 row tails, %s n=%lld", names[k], st, want, mode, (long long)n);
+        if (want == 0) {
+            check_bf16_out("nvfp4 row tails", names[k], q0, q1, qb, s0, s1, sbn, mode, n, a->scale);
+            n_nv_tail_rows++;
+        } else {
+            CHECK_SAME("nvfp4 row tails", ee, q1 + qb, GUARD, "%s data written past the row, %s n=%lld", names[k], mode, (long long)n);
+            CHECK_SAME("nvfp4 row tails", ee, s1 + sbn, GUARD, "%s scales written past the row, %s n=%lld", names[k], mode, (long long)n);
+            n_nv_tail_bad++;
+        }
+    }
+    free(q0); free(q1); free(s0); free(s1);
+}
+
+/* NVFP4 BF16 rows that are not whole 16-block groups: 1-15 blocks (one group on a zero-padded copy),
+ * 16-40 blocks, SmolLM2-135M's 576 and 896 and 1552 (whole groups, then one group ending at the row's
+ * last block, redoing blocks the group before did), each through check_nv_tail dynamic (the driver's
+ * s2 and powers of two: exact E2M1 ties), static (per-block amax: the data's, x1.5, 0, arbitrary) and
+ * four_over_six static. Neighbouring blocks differ (random kinds and scales, random static amax), so a
+ * group one block off, or a block amax read at the wrong offset, changes bytes. The contents: mixed
+ * block kinds (zeros, -0, ties, huge, tiny, subnormal, FLT_MAX-ish), plain blocks, ties only, and a
+ * huge amax (divisors above 2^16: the table kernels' mixed groups in the overlapped blocks); and rows
+ * with one NaN/Inf in the first block, in the blocks both last groups cover, or in the last block. */
+static void test_nvfp4_row_tails(void) {
+    static const int64_t extra[3] = {36, 56, 97};
+    float *x = malloc(97 * 16 * 4), *bam = malloc(97 * 4);
+    uint16_t *h = malloc(97 * 16 * 2);
+    nb_qrow_args a;
+    int64_t lens = 0;
+    for (int li = 0; li < 40 + 3; li++) {
+        const int64_t nb = li < 40 ? li + 1 : extra[li - 40], n = nb * 16;
+        lens++;
+        for (int c = 0; c < 6; c++) {
+            const int t = (int)(nbt_rnd32() % 40) - 20;
+            float amax;
+            if (c < 4) {
+                bf16_row(x, h, n, 16, c == 0 ? -1 : c == 1 ? 0 : c == 2 ? 3 : -1, t);
+                amax = row_absmax(x, n);
+            } else {   /* c 4, 5: blocks up to 2^19-2^29 (c 5 also holds a NaN/Inf below) */
+                amax = ldexpf(1.0f, 19 + (int)(nbt_rnd32() % 11));
+                for (int64_t b = 0; b < nb; b++) {
+                    float top = b == nb - 1 - (int64_t)(nbt_rnd32() % 3) ? amax : ldexpf(amax, -(int)(nbt_rnd32() % 14));
+                    for (int i = 0; i < 16; i++) {
+                        float v = i == 3 ? top : top * (float)(2.0 * nbt_unif() - 1.0);
+                        h[b * 16 + i] = nb_f32_to_bf16((nbt_rnd32() & 1) ? -v : v);
+                    }
+                }
+                bf16_to_f32_row(h, n, x);
+                amax = row_absmax(x, n);
+            }
+            int want = 0;
+            if (c == 5) {   /* first block, the blocks the last two groups share (or any), the last block */
+                int64_t at = (nbt_rnd32() % 3 == 0) ? (int64_t)(nbt_rnd32() % 16)
+                           : (nbt_rnd32() & 1) ? n - 1 - (int64_t)(nbt_rnd32() % 16)
+                           : nb > 16 ? (nb - 16) * 16 + (int64_t)(nbt_rnd32() % 16) : (int64_t)(nbt_rnd32() % (uint32_t)n);
+                static const uint16_t bad[4] = {0x7FC0, 0x7F80, 0xFF80, 0xFFC1};
+                h[at] = bad[nbt_rnd32() % 4];
+                want = 2;
+            }
+            char mode[64];
+            memset(&a, 0, sizeof a);
+            a.div_dtype = NB_F32;
+            a.global_amax = amax > 0.0f ? amax : 1.0f;
+            a.scale = c == 2 ? ldexpf(1.0f, t) : nb_nvfp4_scale2(a.global_amax, 448.0f);
+            snprintf(mode, sizeof mode, "dynamic, content %d", c);
+            check_nv_tail(NB_FMT_NVFP4, x, h, n, &a, want, mode);
+            if (c == 0) {   /* a power-of-two s2 on mixed blocks too */
+                a.scale = ldexpf(1.0f, t);
+                check_nv_tail(NB_FMT_NVFP4, x, h, n, &a, want, "dynamic, content 0, s2 2^t");
+            }
+            for (int64_t b = 0; b < nb; b++) {
+                float m = want ? 1.0f : row_absmax(x + b * 16, 16);
+                int r = (int)(nbt_rnd32() % 4);
+                bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(nbt_unif() * 4.0) * m;
+            }
+            a.block_amax = bam;
+            a.global_amax = row_absmax(bam, nb);
+            if (a.global_amax == 0.0f) a.global_amax = 1.0f;
+            a.scale = nb_nvfp4_scale2(a.global_amax, 448.0f);
+            snprintf(mode, sizeof mode, "static, content %d", c);
+            check_nv_tail(NB_FMT_NVFP4, x, h, n, &a, want, mode);
+            a.scale = nb_nvfp4_scale2(a.global_amax, 256.0f);
+            snprintf(mode, sizeof mode, "four_over_six static, content %d", c);
+            check_nv_tail(NB_FMT_NVFP4_46, x, h, n, &a, want, mode);
+        }
+    }
+    const int64_t per_len = (HAVE512 ? 3 : 1) * (3 * 5 + 1);   /* kernels x (3 modes x 5 clean contents + one more s2) */
+    printf("nvfp4 bf16 row tails: %lld rows compared bit for bit, %lld NaN/Inf rows reported (%lld lengths)\n",
+           (long long)n_nv_tail_rows, (long long)n_nv_tail_bad, (long long)lens);
+    CHECK_EQ_INT(n_nv_tail_rows, lens * per_len);
+    CHECK_EQ_INT(n_nv_tail_bad, lens * (HAVE512 ? 3 : 1) * 3);
+    free(x); free(bam); free(h);
+}
+
+/* NVFP4 with `path` installed, against the reference path, on BF16 tensors whose rows are not whole
+ * 16-block groups: rows of 576 and 896 (SmolLM2-135M) and 64 (stories260K), large enough for the
+ * driver's threshold table (2^20 elements or more) and small (the plain AVX-512 kernel, or the AVX2
+ * f32 rows); dynamic, calibrated amax, static and four_over_six static. A NaN in a row's last element
+ * (a block only the overlapping last group covers) is named by the one-pass formats. */
+static void test_nvfp4_tail_driver(nb_ctx *ctx, const char *path) {
+    static const int64_t shapes[5][2] = {{1824, 576}, {1200, 896}, {16400, 64}, {37, 576}, {45, 64}};
+    for (int si = 0; si < 5; si++) {
+        const int64_t rows = shapes[si][0], n = shapes[si][1], bshape[2] = {rows, n / 16};
+        nb_tensor *x = NULL, *bam = NULL;
+        CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shapes[si], &x));
+        CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, bshape, &bam));
+        if (!x || !bam) return;
+        uint16_t *h = nb_tensor_data(x);
+        float *bd = nb_tensor_data(bam), row[896];
+        for (int64_t r = 0; r < rows; r++) {
+            gen_row(row, n, 16, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
+            for (int64_t i = 0; i < n; i++) h[r * n + i] = nb_f32_to_bf16(isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f);
+        }
+        for (int64_t b = 0; b < rows * (n / 16); b++) {
+            float m = 0.0f;
+            for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(nb_bf16_to_f32(h[b * 16 + i])));
+            bd[b] = b % 3 ? m : m * 1.5f;
+        }
+        for (int k = 0; k < 4; k++) {
+            nb_qparams p;
+            nb_qparams_init(&p, k == 3 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
+            if (k == 1) p.amax = 7.5e5f;
+            if (k >= 2) p.block_amax = bam;
+            char what[48];
+            snprintf(what, sizeof what, "%lldx%lld case %d", (long long)rows, (long long)n, k);
+            check_quantize_path(ctx, x, &p, path, 1, "nvfp4 row-tail driver", what);
+        }
+        const int64_t r = rows - 2, at = r * n + n - 1;
+        h[at] = 0xFF80;
+        for (int k = 0; k < 3; k++) {
+            nb_qparams p;
+            nb_qparams_init(&p, k == 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
+            if (k == 0) p.amax = 7.5e5f;
+            else p.block_amax = bam;
+            p.name = "tail.weight";
+            nb_qtensor *q = NULL;
+            char msg[96];
+            snprintf(msg, sizeof msg, "tail.weight: -Inf at flat index %lld (element [%lld, %lld])", (long long)at,
+                     (long long)r, (long long)(n - 1));
+            CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
+            CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, msg);
+            CHECK(q == NULL);
+        }
+        nb_tensor_release(x);
+        nb_tensor_release(bam);
+    }
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+}
+
 /* NVFP4 on a BF16 tensor large enough (4M elements) for the driver's threshold table, with `path`
  * installed (avx512: the AVX-512 table kernel, avx2: the AVX2 one): dynamic, static and
  * four_over_six static, against the reference path; a NaN in it is still named. */
@@ -1259,6 +1480,7 @@ int main(void) {
     test_mx_bf16_sweep();
     test_bf16_row_tails();
     test_nv_table_mixed();
+    test_nvfp4_row_tails();
     if (HAVE512) test_drivers(ctx, "avx512");
     else printf("no AVX-512 F/BW/VL/DQ on this CPU: only the AVX2 BF16 table kernel was run\n");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
@@ -1269,6 +1491,8 @@ int main(void) {
     if (HAVE512) test_channel_next_rows(ctx, "avx512");
     test_nvfp4_table_driver(ctx, "avx2");
     if (HAVE512) test_nvfp4_table_driver(ctx, "avx512");
+    test_nvfp4_tail_driver(ctx, "avx2");
+    if (HAVE512) test_nvfp4_tail_driver(ctx, "avx512");
     test_fp8_mx_driver(ctx, "avx2");
     if (HAVE512) test_fp8_mx_driver(ctx, "avx512");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));

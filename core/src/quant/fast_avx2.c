@@ -37,26 +37,38 @@ NB_AVX2 __attribute__((always_inline)) static inline void nv_blocks(const float 
     }
 }
 
-/* Whole groups of 8 blocks, a chunk at a time: pass 1 the scales (static rows from the calibrated
- * block amax, the others from the data), pass 2 each block's 16 quotients x / p. */
-NB_AVX2 static int64_t nv_groups(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s, float *y,
-                                 float norm) {
-    int64_t nb = (n / NB_NVFP4_BLOCK) & ~(int64_t)7;
-    float pa[NBQ_NV_CHUNK];
-    for (int64_t g0 = 0; g0 < nb; g0 += NBQ_NV_CHUNK) {
-        int64_t g1 = g0 + NBQ_NV_CHUNK < nb ? g0 + NBQ_NV_CHUNK : nb;
-        int normal = nv_divisors(x, g0, g1, a, norm, s, pa);
-        const float *xg = x + g0 * NB_NVFP4_BLOCK;
-        if (y && normal) nv_blocks(xg, g1 - g0, pa, NULL, y + g0 * NB_NVFP4_BLOCK, 0);
-        else if (y) nv_blocks(xg, g1 - g0, pa, NULL, y + g0 * NB_NVFP4_BLOCK, 1);
-        else if (normal) nv_blocks(xg, g1 - g0, pa, q + g0 * 8, NULL, 0);
-        else nv_blocks(xg, g1 - g0, pa, q + g0 * 8, NULL, 1);
-    }
-    return nb;   /* blocks done */
+/* Blocks [g0, g1) (whole groups of 8): pass 1 the scales (static rows from the calibrated block
+ * amax, the others from the data), pass 2 each block's 16 quotients x / p. */
+NB_AVX2 static inline void nv_chunk(const float *x, int64_t g0, int64_t g1, const nb_qrow_args *a, uint8_t *q,
+                                    uint8_t *s, float *y, float norm, float *pa) {
+    int normal = nv_divisors(x, g0, g1, a, norm, s, pa);
+    const float *xg = x + g0 * NB_NVFP4_BLOCK;
+    if (y && normal) nv_blocks(xg, g1 - g0, pa, NULL, y + g0 * NB_NVFP4_BLOCK, 0);
+    else if (y) nv_blocks(xg, g1 - g0, pa, NULL, y + g0 * NB_NVFP4_BLOCK, 1);
+    else if (normal) nv_blocks(xg, g1 - g0, pa, q + g0 * 8, NULL, 0);
+    else nv_blocks(xg, g1 - g0, pa, q + g0 * 8, NULL, 1);
 }
 
+/* Every block of a row of at least 8 blocks (else none), in chunks of whole groups of 8; a row that is
+ * not whole groups ends with the group of its last 8 blocks, overlapping the one before (a block's
+ * bytes or values depend only on its elements, its block amax and the per-tensor values: the blocks
+ * done twice get the same ones, and 1-7 leftover blocks cost one group instead of the reference).
+ * Returns the blocks done. */
+NB_AVX2 static int64_t nv_groups(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s, float *y,
+                                 float norm) {
+    const int64_t nblk = n / NB_NVFP4_BLOCK, nb = nblk & ~(int64_t)7;
+    if (nb == 0) return 0;
+    float pa[NBQ_NV_CHUNK];
+    for (int64_t g0 = 0; g0 < nb; g0 += NBQ_NV_CHUNK) nv_chunk(x, g0, g0 + NBQ_NV_CHUNK < nb ? g0 + NBQ_NV_CHUNK : nb, a, q, s, y, norm, pa);
+    if (nb < nblk) nv_chunk(x, nblk - 8, nblk, a, q, s, y, norm, pa);
+    return nblk;
+}
+
+NB_AVX2 static int64_t nv_row_groups(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s, float *y,
+                                     float norm, int pick);
+
 NB_AVX2 void nbq_avx2_nvfp4_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
-    int64_t g = nv_groups(x, n, a, q, s, NULL, 448.0f);
+    int64_t g = nv_row_groups(x, n, a, q, s, NULL, 448.0f, 0);
     if (g * NB_NVFP4_BLOCK < n) {
         nb_qrow_args t = tail_args(a, g);
         nb_nvfp4_quantize_row_ref(x + g * NB_NVFP4_BLOCK, n - g * NB_NVFP4_BLOCK, &t, q + g * 8, s + g);
@@ -64,7 +76,7 @@ NB_AVX2 void nbq_avx2_nvfp4_quantize_row(const float *x, int64_t n, const nb_qro
 }
 
 NB_AVX2 void nbq_avx2_nvfp4_fake_row(const float *x, int64_t n, const nb_qrow_args *a, float *y) {
-    int64_t g = nv_groups(x, n, a, NULL, NULL, y, 448.0f);
+    int64_t g = nv_row_groups(x, n, a, NULL, NULL, y, 448.0f, 0);
     if (g * NB_NVFP4_BLOCK < n) {
         nb_qrow_args t = tail_args(a, g);
         nb_nvfp4_fake_row_ref(x + g * NB_NVFP4_BLOCK, n - g * NB_NVFP4_BLOCK, &t, y + g * NB_NVFP4_BLOCK);
@@ -76,7 +88,10 @@ NB_AVX2 void nbq_avx2_nvfp4_dequantize_row(const uint8_t *q, const uint8_t *s, i
                                            float *y) {
     int64_t nb = n / NB_NVFP4_BLOCK, b = 0;
     const __m256 s2 = f32(a->scale);
-    for (; b + 8 <= nb; b += 8) {
+    /* 8 blocks a step, the last step ending at the row's last block (a block's values depend only on
+     * its bytes: the blocks done twice get the same values) */
+    for (; b < nb && nb >= 8; b += 8) {
+        if (b + 8 > nb) b = nb - 8;
         __m256 p = _mm256_mul_ps(e4m3_dec(load_bytes8(s + b)), s2);
         for (int k = 0; k < 8; k++) {
             __m256 pk = _mm256_permutevar8x32_ps(p, i32(k));
@@ -98,13 +113,16 @@ NB_AVX2 void nbq_avx2_nvfp4_dequantize_row(const uint8_t *q, const uint8_t *s, i
  * order, so lanes here are blocks (8 blocks transposed) and the sum runs over the 16 elements
  * exactly as the reference's loop does. */
 NB_AVX2 static int64_t nv46_groups(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s, float *y) {
-    int64_t nb = n / NB_NVFP4_BLOCK, g;
+    const int64_t nb = n / NB_NVFP4_BLOCK;
+    if (nb < 8) return 0;
     const float s46 = nb_nvfp4_scale2(a->global_amax, 256.0f);
     uint32_t ub, us;
     memcpy(&ub, &s46, 4);
     memcpy(&us, &a->scale, 4);
     const int same_p = ub == us;   /* the driver's case: the chosen candidate's codes are the answer */
-    for (g = 0; g + 8 <= nb; g += 8) {
+    /* groups of 8 blocks, the last one ending at the row's last block (overlapping, as nv_groups) */
+    for (int64_t g0 = 0; g0 < nb; g0 += 8) {
+        const int64_t g = g0 + 8 <= nb ? g0 : nb - 8;
         const float *xg = x + g * NB_NVFP4_BLOCK;
         __m256 X[16];
         for (int b = 0; b < 8; b++) {
@@ -166,11 +184,39 @@ NB_AVX2 static int64_t nv46_groups(const float *x, int64_t n, const nb_qrow_args
                                                                    _mm256_castps_si256(R[6]), _mm256_castps_si256(R[7])));
         }
     }
-    return g;
+    return nb;
+}
+
+/* The blocks of a row by nv_groups (pick 0; norm 448, or 256 for static four_over_six) or nv46_groups
+ * (pick 1); returns the blocks done. A row of 1-7 blocks (stories260K's are 4) runs one group on a copy
+ * padded with zero blocks (block amax 0 when static), of which only the row's blocks are copied out.
+ * Every branch is exact, so the padding can only cost time (a padded divisor that is not normal takes
+ * the chunk to nv_blocks' NaN-safe variant, as it would in a longer row); the per-block pick sees equal
+ * errors on a zero block. 4096x64 BF16 rows on the "avx2" path (these f32 rows): 2.2 -> 0.43 ms. */
+NB_AVX2 static int64_t nv_row_groups(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s, float *y,
+                                     float norm, int pick) {
+    const int64_t nb = n / NB_NVFP4_BLOCK;
+    if (nb == 0 || nb >= 8) return pick ? nv46_groups(x, n, a, q, s, y) : nv_groups(x, n, a, q, s, y, norm);
+    float xp[128], yp[128], bp[8];
+    uint8_t qp[64], sp[8];
+    memset(xp, 0, sizeof xp);
+    memcpy(xp, x, (size_t)nb * NB_NVFP4_BLOCK * sizeof *xp);
+    nb_qrow_args t = *a;
+    if (t.block_amax) {
+        memset(bp, 0, sizeof bp);
+        memcpy(bp, a->block_amax, (size_t)nb * sizeof *bp);
+        t.block_amax = bp;
+    }
+    if (pick) nv46_groups(xp, 128, &t, q ? qp : NULL, s ? sp : NULL, y ? yp : NULL);
+    else nv_groups(xp, 128, &t, q ? qp : NULL, s ? sp : NULL, y ? yp : NULL, norm);
+    if (q) memcpy(q, qp, (size_t)nb * 8);
+    if (s) memcpy(s, sp, (size_t)nb);
+    if (y) memcpy(y, yp, (size_t)nb * NB_NVFP4_BLOCK * sizeof *y);
+    return nb;
 }
 
 NB_AVX2 void nbq_avx2_nvfp4_46_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
-    int64_t g = a->block_amax ? nv_groups(x, n, a, q, s, NULL, 256.0f) : nv46_groups(x, n, a, q, s, NULL);
+    int64_t g = nv_row_groups(x, n, a, q, s, NULL, 256.0f, !a->block_amax);
     if (g * NB_NVFP4_BLOCK < n) {
         nb_qrow_args t = tail_args(a, g);
         nb_nvfp4_46_quantize_row_ref(x + g * NB_NVFP4_BLOCK, n - g * NB_NVFP4_BLOCK, &t, q + g * 8, s + g);
@@ -178,7 +224,7 @@ NB_AVX2 void nbq_avx2_nvfp4_46_quantize_row(const float *x, int64_t n, const nb_
 }
 
 NB_AVX2 void nbq_avx2_nvfp4_46_fake_row(const float *x, int64_t n, const nb_qrow_args *a, float *y) {
-    int64_t g = a->block_amax ? nv_groups(x, n, a, NULL, NULL, y, 256.0f) : nv46_groups(x, n, a, NULL, NULL, y);
+    int64_t g = nv_row_groups(x, n, a, NULL, NULL, y, 256.0f, !a->block_amax);
     if (g * NB_NVFP4_BLOCK < n) {
         nb_qrow_args t = tail_args(a, g);
         nb_nvfp4_46_fake_row_ref(x + g * NB_NVFP4_BLOCK, n - g * NB_NVFP4_BLOCK, &t, y + g * NB_NVFP4_BLOCK);
@@ -308,22 +354,28 @@ NB_AVX2 __attribute__((noinline)) static void nv_group_mixed(const uint16_t *xg,
         if (!tab->ok[sg[b] & 0x7F] || (sg[b] & 0x80)) nv_block_ref(xg + 16 * b, nb_e4m3_to_f32(sg[b]) * s2, qg + 8 * b);
 }
 
-/* Blocks [0, 16*floor(nb/16)) of a BF16 row by the table; returns the blocks done. Software-pipelined
- * like the AVX-512 kernel: group g+1's maxima and scale bytes come before group g's codes, so the
- * row loads read scale bytes stored an iteration earlier instead of waiting on the scale chain. */
+/* Every block of a BF16 row of at least 16 blocks (else none) by the table, 16 blocks a group; returns
+ * the blocks done. A row that is not whole groups ends with the group of its last 16 blocks, overlapping
+ * the one before (a block's bytes depend only on its elements, its block amax and the per-tensor
+ * values: the blocks done twice get the same bytes, and the 1-15 leftover blocks cost one group instead
+ * of the reference's divisions). Software-pipelined like the AVX-512 kernel: group g+1's maxima and
+ * scale bytes come before group g's codes, so the row loads read scale bytes stored an iteration
+ * earlier instead of waiting on the scale chain (the last group's scale bytes for the blocks it shares
+ * are stored again, equal, before the group before reads them). */
 NB_AVX2 __attribute__((always_inline)) static inline int64_t nv_tab_groups(const uint16_t *x, int64_t n,
                                                                             const nb_qrow_args *a, float norm,
                                                                             const nbq_nv_table *tab, uint8_t *q,
                                                                             uint8_t *s, __m256i *vm, const int stat) {
-    const int64_t nb = (n / NB_NVFP4_BLOCK) & ~(int64_t)15;
-    if (nb == 0) return 0;
+    const int64_t nb = n / NB_NVFP4_BLOCK, last = nb - 16;   /* last: the start of the last group */
+    if (nb < 16) return 0;
     const __m256i lo = i32(tab->ok_lo), hi = i32(tab->ok_hi);
     int ok = nv_tab_scales(x, a, 0, norm, lo, hi, vm, s, stat);
-    for (int64_t g = 0; g < nb; g += 16) {
+    for (int64_t g = 0;;) {
         const uint16_t *xg = x + g * NB_NVFP4_BLOCK;
         const uint8_t *sg = s + g;
         uint8_t *qg = q + g * 8;
-        int ok_next = g + 16 < nb && nv_tab_scales(xg + 256, a, g + 16, norm, lo, hi, vm, s + g + 16, stat);
+        const int64_t gn = g + 16 <= last ? g + 16 : last;   /* the next group's start (when g < last) */
+        int ok_next = g < last && nv_tab_scales(x + gn * NB_NVFP4_BLOCK, a, gn, norm, lo, hi, vm, s + gn, stat);
         if (__builtin_expect(!ok, 0)) {
             nv_group_mixed(xg, sg, a->scale, tab, qg, vm, stat);
         } else {
@@ -333,7 +385,9 @@ NB_AVX2 __attribute__((always_inline)) static inline int64_t nv_tab_groups(const
                           nv_codes16(xb + 32, tab->row[sg[b + 2]], vm, stat), nv_codes16(xb + 48, tab->row[sg[b + 3]], vm, stat));
             }
         }
+        if (g == last) break;
         ok = ok_next;
+        g = gn;
     }
     return nb;
 }
@@ -353,6 +407,29 @@ NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n
     if (!tab || (f != NB_FMT_NVFP4 && f != NB_FMT_NVFP4_46)) return 1;
     if (f == NB_FMT_NVFP4_46 && !a->block_amax) return 1;   /* the per-block pick: the f32 row */
     const float norm = f == NB_FMT_NVFP4 ? 448.0f : 256.0f;
+    const int64_t nb = n / NB_NVFP4_BLOCK;
+    if (nb >= 1 && nb < 16) {
+        /* a row of 1-15 blocks: one group on a copy padded with zero blocks (block amax 0 when
+         * static), of which only the row's blocks are copied out; zeros add nothing to the largest
+         * magnitude. Every branch is exact, so the padding can only cost time (a padded scale byte
+         * outside the table's run takes the group to nv_group_mixed). */
+        uint16_t xp[256];
+        float bp[16];
+        uint8_t qp[128], sp[16];
+        memset(xp, 0, sizeof xp);
+        memcpy(xp, x, (size_t)nb * NB_NVFP4_BLOCK * sizeof *xp);
+        nb_qrow_args t = *a;
+        if (t.block_amax) {
+            memset(bp, 0, sizeof bp);
+            memcpy(bp, a->block_amax, (size_t)nb * sizeof *bp);
+            t.block_amax = bp;
+        }
+        int st = nbq_avx2_nvfp4_table_bf16(f, xp, 256, &t, tab, qp, sp);
+        memcpy(q, qp, (size_t)nb * 8);
+        memcpy(s, sp, (size_t)nb);
+        for (int64_t i = nb * NB_NVFP4_BLOCK; i < n; i++) st = (x[i] & 0x7F80) == 0x7F80 ? 2 : st;
+        return st;
+    }
     __m256i vm = _mm256_setzero_si256();
     uint32_t worst;   /* the largest magnitude pattern seen (>= 0x7F80: NaN/Inf) */
     int64_t g;
@@ -370,7 +447,7 @@ NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n
         for (int k = 0; k < 8; k++) worst = t[k] > worst ? t[k] : worst;
         worst >>= 16;
     }
-    int64_t rest = n - g * NB_NVFP4_BLOCK;
+    int64_t rest = n - g * NB_NVFP4_BLOCK;   /* only past the last block when n is not whole blocks */
     if (rest > 0) {
         float tail[512];
         nb_qrow_args t = tail_args(a, g);
