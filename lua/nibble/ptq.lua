@@ -4,7 +4,8 @@
 -- quantized; weights alone otherwise), report coverage, and export (ModelOpt or compressed-tensors).
 --   local r = nibble.ptq.run(nibble.recipe { extends = "units/nvfp4_w4a16", model = { path = "m" },
 --                                            export = { dir = "out" } })
--- r.plan, r.qmodel, r.model, r.skipped, r.uncovered, r.weight_error, r.seconds are what happened.
+-- r.plan, r.qmodel, r.model, r.skipped, r.uncovered, r.weight_error, r.seconds are what happened; r.fake is
+-- true when r.model now runs with fake quant (on whenever every enabled quantizer is calibrated).
 local ffi = require("ffi")
 local nibble = require("nibble")
 local recipe = require("nibble.recipe")
@@ -374,6 +375,16 @@ function M.run(r, args, opts)
   result.weight_error = M.weight_error(qm, model)
   log("weights: mean squared error %.4g (relative %.4g) over %d quantized modules", result.weight_error.mse,
       result.weight_error.rel, result.weight_error.modules)
+
+  -- the model now computes as it will ship, as ModelOpt's quantize leaves it (simulated quantization on):
+  -- result.qmodel:set_fake(false) gives the original model's outputs back
+  local fake_ok, fake_err = pcall(qm.set_fake, qm, true)
+  result.fake = fake_ok
+  if fake_ok then
+    log("ptq: the model now runs with fake quant (result.qmodel:set_fake(false) for the original)")
+  else
+    log("ptq: fake quant left off: %s", tostring(fake_err))
+  end
 
   if export.dir and not opts.no_export then
     local t0 = now()

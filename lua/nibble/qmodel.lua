@@ -254,6 +254,8 @@ function QModel:set_fake(on)
   check(C.nb_qmodel_set_fake(ctx(), qp(self), (on == nil or on) and 1 or 0))
   return self
 end
+-- fake(): whether the model's forward runs the quantizers now (ptq.run leaves them on).
+function QModel:fake() return C.nb_qmodel_fake(qp(self)) ~= 0 end
 
 -- check(): the export guard (raises NB_ERR_UNCALIBRATED naming module and attribute).
 function QModel:check()

@@ -84,6 +84,8 @@ nb_quantizer *nb_qmodel_kv_quantizer(const nb_qmodel *qm, int64_t layer, int32_t
 /* on: every enabled quantizer fake-quantizes in the forward (weights once per forward, inputs per
  * call) and passes gradients straight through; off: plain model. Scales stay as calibrated. */
 nb_status nb_qmodel_set_fake(nb_ctx *ctx, nb_qmodel *qm, int32_t on);
+/* 1 while fake quant is on (set_fake(1) since the last set_fake(0) or calibration), else 0. */
+int32_t nb_qmodel_fake(const nb_qmodel *qm);
 
 /* --- the export guard --------------------------------------------------------------------------- */
 /* NB_OK when every enabled quantizer is calibrated; else NB_ERR_UNCALIBRATED naming the first module

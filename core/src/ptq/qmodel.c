@@ -410,6 +410,8 @@ nb_status nb_qmodel_set_fake(nb_ctx *ctx, nb_qmodel *qm, int32_t on) {
     return NB_OK;
 }
 
+int32_t nb_qmodel_fake(const nb_qmodel *qm) { return qm->fake; }
+
 /* ---- calibration ----------------------------------------------------------------------------- */
 
 static void clear_uncovered(nb_qmodel *qm) {
