@@ -44,7 +44,9 @@ __global__ void nbq_fp8_quant8_kernel(const void *x, int64_t rows, int64_t n, fl
         for (int k = 0; k < NBQ_UNROLL; k++) {
             const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
             if (g >= total) break;
-            const float sc = row_scale ? row_scale[g / per_row] : scale;
+            float sc = scale;
+            if (row_scale)   // the row by a 32-bit division where the index fits (a 64-bit one is a long sequence)
+                sc = row_scale[total <= 0xFFFFFFFFll ? (int64_t)((uint32_t)g / (uint32_t)per_row) : g / per_row];
             const float r = row_scale ? nbq_fp8_recip(sc) : recip;
             uint32_t w[2] = {0, 0};
 #pragma unroll

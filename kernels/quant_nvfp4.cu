@@ -93,6 +93,27 @@ NBQ_DEV uint32_t nbq_e2m1_count2(uint32_t m2, const uint32_t *th) {
 #endif
 }
 
+// The largest non-NaN magnitude pattern of 16 bf16 values (two per word), as the reference's max that
+// skips NaN: packed bf16 max (max.bf16x2 returns the other operand when one is NaN) on sm_90, integer
+// compares of each half before.
+NBQ_DEV uint32_t nbq_bf16_block_max(const uint32_t wv[8]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t m = wv[0] & 0x7FFF7FFFu;
+#pragma unroll
+    for (int i = 1; i < 8; i++) asm("max.bf16x2 %0, %0, %1;" : "+r"(m) : "r"(wv[i] & 0x7FFF7FFFu));
+    const uint32_t lo = m & 0xFFFFu, hi = m >> 16;   // a NaN half is left only where all eight were NaN
+    const uint32_t a = lo > 0x7F80u ? 0u : lo, b = hi > 0x7F80u ? 0u : hi;
+    return a > b ? a : b;
+#else
+    uint32_t mx = 0;
+    for (int i = 0; i < 8; i++) {
+        const uint32_t m0 = wv[i] & 0x7FFFu, m1 = (wv[i] >> 16) & 0x7FFFu;
+        mx = max(mx, max(m0 > 0x7F80u ? 0u : m0, m1 > 0x7F80u ? 0u : m1));
+    }
+    return mx;
+#endif
+}
+
 __global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t n, nbq_kargs a, float norm, uint8_t *q,
                                        uint8_t *s) {
     __shared__ __align__(16) uint32_t th[128][8];   // T_j - 1 in both halves; [7] unused
@@ -134,13 +155,10 @@ __global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t 
             const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
             if (g >= total) break;
             const uint32_t wv[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
-            uint32_t mx = 0, nan = 0;   // the largest non-NaN magnitude (the reference's max skips NaN)
+            const uint32_t mx = nbq_bf16_block_max(wv);
+            uint32_t nan = 0;   // a magnitude above Inf's pattern: m + 0x7F reaches bit 15 (no carry out of a half)
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t m0 = wv[i] & 0x7FFFu, m1 = (wv[i] >> 16) & 0x7FFFu;
-                nan |= (m0 > 0x7F80u) | (m1 > 0x7F80u);
-                mx = max(mx, max(m0 > 0x7F80u ? 0u : m0, m1 > 0x7F80u ? 0u : m1));
-            }
+            for (int i = 0; i < 8; i++) nan |= ((wv[i] & 0x7FFF7FFFu) + 0x007F007Fu) & 0x80008000u;
             const uint8_t sb = a.block_amax ? nbq_block_scale_static(a.block_amax[g], a.global_amax, norm)
                                             : nbq_block_scale_dynamic(nbq_bf16_to_f32((uint16_t)mx), a.scale);
             uint32_t w[2] = {0, 0};
