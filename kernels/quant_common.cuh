@@ -204,6 +204,16 @@ NBQ_DEV void nbq_load8(const void *x, int dt, int64_t i, float v[8]) {
 // a device copy's bandwidth.
 enum { NBQ_UNROLL = 2 };
 
+// The vector quantize kernels' loads: this thread's NBQ_UNROLL groups of eight from span start base
+// (group base + k * blockDim.x + threadIdx.x, as far as total), all issued before any is used.
+template <int XDT> NBQ_DEV void nbq_load_groups(const void *x, int64_t base, int64_t total, float v[NBQ_UNROLL][8]) {
+#pragma unroll
+    for (int k = 0; k < NBQ_UNROLL; k++) {
+        const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
+        if (g < total) nbq_load8_t<XDT>(x, g * 8, v[k]);
+    }
+}
+
 // Whether the vector kernels may run: every element count a multiple of 8 per row, and the
 // pointers aligned for nbq_load8 and the 8-byte stores (cudaMalloc gives 256 bytes).
 static inline bool nbq_vec_ok(const void *x, int xdt, const void *q, int64_t n) {

@@ -35,11 +35,7 @@ __global__ void nbq_fp8_quant8_kernel(const void *x, int64_t rows, int64_t n, fl
     const int64_t per_row = n / 8, total = rows * per_row, span = (int64_t)blockDim.x * NBQ_UNROLL;
     for (int64_t base = blockIdx.x * span; base < total; base += (int64_t)gridDim.x * span) {
         float v[NBQ_UNROLL][8];
-#pragma unroll
-        for (int k = 0; k < NBQ_UNROLL; k++) {
-            const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;
-            if (g < total) nbq_load8_t<XDT>(x, g * 8, v[k]);
-        }
+        nbq_load_groups<XDT>(x, base, total, v);
 #pragma unroll
         for (int k = 0; k < NBQ_UNROLL; k++) {
             const int64_t g = base + k * (int64_t)blockDim.x + threadIdx.x;

@@ -416,14 +416,7 @@ NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n
         uint16_t xp[256];
         float bp[16];
         uint8_t qp[128], sp[16];
-        memset(xp, 0, sizeof xp);
-        memcpy(xp, x, (size_t)nb * NB_NVFP4_BLOCK * sizeof *xp);
-        nb_qrow_args t = *a;
-        if (t.block_amax) {
-            memset(bp, 0, sizeof bp);
-            memcpy(bp, a->block_amax, (size_t)nb * sizeof *bp);
-            t.block_amax = bp;
-        }
+        nb_qrow_args t = nbq_nv_pad_row(x, nb, a, xp, bp);
         int st = nbq_avx2_nvfp4_table_bf16(f, xp, 256, &t, tab, qp, sp);
         memcpy(q, qp, (size_t)nb * 8);
         memcpy(s, sp, (size_t)nb);

@@ -702,14 +702,7 @@ NB_AVX512 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64
         uint16_t xp[256];
         float bp[16];
         uint8_t qp[128], sp[16];
-        memset(xp, 0, sizeof xp);
-        memcpy(xp, x, (size_t)nb * NB_NVFP4_BLOCK * sizeof *xp);
-        nb_qrow_args t = *a;
-        if (t.block_amax) {
-            memset(bp, 0, sizeof bp);
-            memcpy(bp, a->block_amax, (size_t)nb * sizeof *bp);
-            t.block_amax = bp;
-        }
+        nb_qrow_args t = nbq_nv_pad_row(x, nb, a, xp, bp);
         if (tab) nv_tab_groups512(xp, 256, &t, norm, qp, sp, &vmax, tab);
         else nv_groups512(xp, 256, &t, norm, qp, sp, &vmax);
         memcpy(q, qp, (size_t)nb * 8);

@@ -21,6 +21,25 @@
 
 #define NB_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+/* ---- short NVFP4 rows ---------------------------------------------------------------------------- */
+
+/* A BF16 row of nb (1-15) NVFP4 blocks as one 16-block group for the table kernels: xp[256] gets the row
+ * then zero blocks, bp[16] the row's block amax then zeros when a has one; returns a's arguments for the
+ * padded row. Zero blocks add nothing to a group's largest magnitude, and every branch a group can take
+ * is exact, so the caller copies the row's nb blocks out of the group's output unchanged. */
+static inline nb_qrow_args nbq_nv_pad_row(const uint16_t *x, int64_t nb, const nb_qrow_args *a, uint16_t *xp,
+                                          float *bp) {
+    memset(xp, 0, 256 * sizeof *xp);
+    memcpy(xp, x, (size_t)nb * NB_NVFP4_BLOCK * sizeof *xp);
+    nb_qrow_args t = *a;
+    if (t.block_amax) {
+        memset(bp, 0, 16 * sizeof *bp);
+        memcpy(bp, a->block_amax, (size_t)nb * sizeof *bp);
+        t.block_amax = bp;
+    }
+    return t;
+}
+
 /* ---- lane helpers ------------------------------------------------------------------------------ */
 
 NB_AVX2 static inline __m256i i32(int v) { return _mm256_set1_epi32(v); }
