@@ -330,7 +330,8 @@ NBQ_DEV float nbq_fp8_scaled(float x, float s, int div_dtype) {
 // drops (F32 division, in E4M3's normal range) or the 16 bits bf16 drops (BF16 division; the E4M3 code
 // of that bf16 value is then the reference's own step). Near a tie, E4M3-subnormal F32 quotients,
 // NaN, Inf, a scale without a normal reciprocal (r is NaN) and F16 divisions take the division.
-// The division, out of line: the kernels' hot loop stays small (a handful of elements per million).
+
+// The division, out of line so the kernels' hot loop stays small (a handful of elements per million).
 __device__ __noinline__ uint8_t nbq_fp8_code_slow(float x, float s, int div_dtype);
 
 // q0 = RN(x * r) as the value the E4M3 step sees, when it is the reference's (see above); else NaN.
