@@ -1243,6 +1243,16 @@ static void test_nvfp4_row_tails(void) {
     free(x); free(bam); free(h);
 }
 
+/* Calibrated-looking block amax for nblocks BF16 blocks of 16 at h: each block's largest magnitude,
+ * every third one times 1.5 (a four_over_six pick), as the NVFP4 driver tests feed the static paths. */
+static void bf16_block_amax(const uint16_t *h, int64_t nblocks, float *bd) {
+    for (int64_t b = 0; b < nblocks; b++) {
+        float m = 0.0f;
+        for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(nb_bf16_to_f32(h[b * 16 + i])));
+        bd[b] = b % 3 ? m : m * 1.5f;
+    }
+}
+
 /* NVFP4 with `path` installed, against the reference path, on BF16 tensors whose rows are not whole
  * 16-block groups: rows of 576 and 896 (SmolLM2-135M) and 64 (stories260K), large enough for the
  * driver's threshold table (2^20 elements or more) and small (the plain AVX-512 kernel, or the AVX2
@@ -1262,11 +1272,7 @@ static void test_nvfp4_tail_driver(nb_ctx *ctx, const char *path) {
             gen_row(row, n, 16, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
             for (int64_t i = 0; i < n; i++) h[r * n + i] = nb_f32_to_bf16(isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f);
         }
-        for (int64_t b = 0; b < rows * (n / 16); b++) {
-            float m = 0.0f;
-            for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(nb_bf16_to_f32(h[b * 16 + i])));
-            bd[b] = b % 3 ? m : m * 1.5f;
-        }
+        bf16_block_amax(h, rows * (n / 16), bd);
         for (int k = 0; k < 4; k++) {
             nb_qparams p;
             nb_qparams_init(&p, k == 3 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
@@ -1308,11 +1314,7 @@ static void test_nvfp4_table_driver(nb_ctx *ctx, const char *path) {
     if (!x || !bam) return;
     uint16_t *h = nb_tensor_data(x);
     float *bd = nb_tensor_data(bam);
-    for (int64_t b = 0; b < 1024 * 256; b++) {
-        float m = 0.0f;
-        for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(nb_bf16_to_f32(h[b * 16 + i])));
-        bd[b] = b % 3 ? m : m * 1.5f;
-    }
+    bf16_block_amax(h, 1024 * 256, bd);
     for (int k = 0; k < 3; k++) {
         nb_qparams p;
         nb_qparams_init(&p, k == 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
