@@ -5,6 +5,9 @@
 -- and split by the teacher's probability of the real token. A QAD student checkpoint comes from
 -- bench/qad_stories.lua (it writes OUT.student.safetensors).
 --   nibble run bench/qad_stories_gap.lua ck=/tmp/qad-stories.student.safetensors [chunks=100] [ctx=512]
+--       [text=FILE: score another text the same way, e.g. the training text (its <|endoftext|> marks become
+--        blank lines, as the validation text separates stories): KL there as on the validation text means
+--        the student is short of grid, not of data]
 local nibble = nibble or require("nibble")
 local ffi = require("ffi")
 local S = os.getenv("NIBBLE_SHARED_DATA") or "../shared/data"
@@ -18,7 +21,8 @@ local p = nibble.ptq.run(nibble.recipe { extends = "units/nvfp4_w4a16", model = 
 p.qmodel:restore(arg.ck)
 p.qmodel:set_fake(true)
 local tok = student:tokenizer()
-local ev = tok:encode_tokens(io.open(S .. "/text/tinystories_valid_head_776KiB.txt", "rb"):read("*a"))
+local text = assert(io.open(arg.text or (S .. "/text/tinystories_valid_head_776KiB.txt"), "rb")):read("*a")
+local ev = tok:encode_tokens((text:gsub("%s*<|endoftext|>%s*", "\n\n")))
 if tonumber(ev.n) < chunks * T then chunks = math.floor(tonumber(ev.n) / T) end
 local V = teacher.config.vocab_size
 
