@@ -9,7 +9,7 @@
 --       [chunks=100] [out=/tmp/qad-stories] [metrics=FILE.jsonl] [freeze=GLOB,GLOB] [seed=1]
 --       [clip=1] [beta1=0.9] [beta2=0.999] [eps=1e-8] [weight_decay=0] [temperature=1] [grad_accum=1]
 --       [recalibrate=N: re-run max calibration every N steps] [lm_loss=1 kd_loss_scale=S: loss = CE + S * KL]
---       [quick=1: QAD row only]
+--       [loss=kl|reverse_kl: the distillation loss] [quick=1: QAD row only]
 --       [pack=0: one story per row] [eos=0|1: EOS after every story (default: as the tokenizer, none)]
 --       [dump=DIR: write the training rows and validation ids for bench/qad_stories_torch.py, then stop]
 --       [train_eval=1: also score PTQ and QAD on the training text (is the student short of data or of grid?)]
@@ -73,6 +73,7 @@ local config = { steps = steps, lr = lr, min_lr = n("min_lr", 0), warmup = n("wa
 for _, k in ipairs { "clip", "beta1", "beta2", "eps", "weight_decay", "temperature", "grad_accum", "recalibrate" } do
   config[k] = arg[k] and tonumber(arg[k]) or nil
 end
+config.loss = arg.loss   -- kl (default) | reverse_kl | ce (nibble.distill's kinds)
 if arg.lm_loss == "1" then config.lm_loss, config.kd_loss_scale = true, n("kd_loss_scale", 1) end
 local run = qad.new { teacher = teacher, student = qm, loader = loader, config = config }
 if not arg.quick then row("PTQ (NVFP4 W4A16 max)", student) end
