@@ -493,11 +493,87 @@ static void compare_nv_table(nb_qformat f, nb_qrow_quantize_fn ref, const float 
     }
     memset(q1, 0xEE, (size_t)qb);
     memset(s1, 0xEE, (size_t)sbn);
-    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1), 0);
-    CHECK_SAME("nvfp4 table avx2", q0, q1, qb, "avx2 table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
-    CHECK_SAME("nvfp4 table avx2", s0, s1, sbn, "avx2 table kernel scales, %s n=%lld", mode, (long long)n);
-    n_avx2_tab_rows++;
+    if (f == NB_FMT_NVFP4_46 && !a->block_amax) {   /* the per-block pick: the AVX2 path runs the f32 rows */
+        CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1), 1);
+    } else {
+        CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1), 0);
+        CHECK_SAME("nvfp4 table avx2", q0, q1, qb, "avx2 table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
+        CHECK_SAME("nvfp4 table avx2", s0, s1, sbn, "avx2 table kernel scales, %s n=%lld", mode, (long long)n);
+        n_avx2_tab_rows++;
+    }
     free(q0); free(q1); free(s0); free(s1);
+}
+
+/* four_over_six's per-block pick by the AVX-512 table kernel (rows from test_bf16_kernels' generator,
+ * the per-tensor amax at, above or far above the row's), the rows of 1-15 blocks it pads included, and
+ * blocks built to reach each of its branches: a pick of 4, a keep of 6, an exact tie of two nonzero
+ * error sums (the reference keeps 6: the near-tie path), two zero sums, and huge values whose squared
+ * errors overflow (the reference path). */
+static int64_t n_pick_rows = 0;
+static void compare_nv46_pick(const float *x, const uint16_t *h, int64_t n, float global_amax, const char *mode) {
+    nb_qrow_args a;
+    memset(&a, 0, sizeof a);
+    a.div_dtype = NB_F32;
+    a.global_amax = global_amax;
+    a.scale = nb_nvfp4_scale2(global_amax, 256.0f);
+    int64_t before = n_bf16_rows;
+    compare_nv_table(NB_FMT_NVFP4_46, nb_nvfp4_46_quantize_row_ref, x, h, n, &a, mode);
+    n_pick_rows += n_bf16_rows - before;
+    /* another s2 than the pick's own: not this kernel's case */
+    uint8_t q[4], sc[1];
+    a.scale = a.scale * 2.0f;
+    if (HAVE512 && a.scale > 0.0f) CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 16, &a, &NVTAB, q, sc), 1);
+}
+
+static void test_nv46_pick(void) {
+    enum { N = 4096 };
+    float *x = malloc(N * 4);
+    uint16_t *h = malloc(N * 2);
+    static const int64_t lens[] = {16, 64, 240, 256, 288, 576, 896, 4096};
+    for (int trial = 0; trial < 800; trial++) {
+        int64_t n = lens[trial % 8];
+        int t = (int)(nbt_rnd32() % 40) - 20;
+        bf16_row(x, h, n, 16, trial_kind(trial, 8), t);
+        float amax = row_absmax(x, n);
+        if (!(amax > 0.0f) || !isfinite(amax)) amax = 1.0f;
+        float g = trial % 3 == 0 ? amax : trial % 3 == 1 ? amax * (float)(1.0 + 3.0 * nbt_unif()) : amax * 0x1p20f;
+        compare_nv46_pick(x, h, n, isfinite(g) ? g : amax, "nvfp4_46 pick");
+    }
+    /* G = 1536 gives s2 = 1. Block 0: max 4 -> p6 = e4m3(4/6) = 0.6875, p4 = 1: 4 is exact on 4's grid,
+     * 4.125 on 6's: pick 4. Block 1: max 6 -> p6 = 1, p4 = 1.5; 0.75 is 0.5 + a tie (RNE to 1.0, error
+     * 0.25) on 6's grid and exact on 4's, 1.0 the other way round: both sums 0.0625, keep 6. Block 2:
+     * 6 and 1.5, exact on both grids: two zero sums, keep 6. Block 3: 6 and 1.25: error 0.25 on 4's grid
+     * (1.25 / 1.5 -> 1.0 * 1.5 = 1.5), 0.25 on 6's (1.25 -> RNE 1.0): a tie again, 6. Blocks 4+: zeros. */
+    memset(x, 0, 64 * 16 * sizeof *x);
+    x[0] = 4.0f;
+    x[16] = 6.0f; x[17] = 0.75f; x[18] = 1.0f;
+    x[32] = 6.0f; x[33] = 1.5f;
+    x[48] = 6.0f; x[49] = -1.25f;
+    for (int i = 0; i < 64 * 16; i++) h[i] = nb_f32_to_bf16(x[i]);
+    uint8_t q0[512], s0[64];
+    nb_qrow_args a;
+    memset(&a, 0, sizeof a);
+    a.global_amax = 1536.0f;
+    a.scale = nb_nvfp4_scale2(1536.0f, 256.0f);
+    CHECK_EQ_INT(nbt_f2u(a.scale), nbt_f2u(1.0f));
+    nb_nvfp4_46_quantize_row_ref(x, 64 * 16, &a, q0, s0);
+    CHECK_EQ_INT(s0[0], 0x38);   /* 1.0: the block max on 4 */
+    CHECK_EQ_INT(s0[1], 0x38);   /* 1.0: the block max on 6 (the tie keeps 6) */
+    CHECK_EQ_INT(s0[2], 0x38);
+    CHECK_EQ_INT(s0[3], 0x38);
+    CHECK_EQ_INT(nb_nvfp4_46_pick_block(x, 4.0f, 1536.0f), 1);
+    CHECK_EQ_INT(nb_nvfp4_46_pick_block(x + 16, 6.0f, 1536.0f), 0);
+    CHECK_EQ_INT(nb_nvfp4_46_pick_block(x + 48, 6.0f, 1536.0f), 0);
+    for (int64_t n = 16; n <= 64 * 16; n *= 2) compare_nv46_pick(x, h, n, 1536.0f, "nvfp4_46 pick ties");
+    /* huge values: squared errors past FLT_MAX in both candidates */
+    for (int i = 0; i < 64 * 16; i++) x[i] = (i % 3 ? -1.0f : 1.0f) * 0x1p120f * (float)(1.0 + (i % 7) / 8.0);
+    for (int i = 0; i < 64 * 16; i++) h[i] = nb_f32_to_bf16(x[i]);
+    for (int i = 0; i < 64 * 16; i++) x[i] = nb_bf16_to_f32(h[i]);
+    compare_nv46_pick(x, h, 64 * 16, row_absmax(x, 64 * 16), "nvfp4_46 pick, overflowing errors");
+    if (HAVE512) CHECK(n_pick_rows > 700);
+    printf("four_over_six pick rows compared (AVX-512 table kernel): %lld\n", (long long)n_pick_rows);
+    free(x);
+    free(h);
 }
 
 static void test_bf16_kernels(void) {
@@ -1273,11 +1349,11 @@ static void test_nvfp4_tail_driver(nb_ctx *ctx, const char *path) {
             for (int64_t i = 0; i < n; i++) h[r * n + i] = nb_f32_to_bf16(isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f);
         }
         bf16_block_amax(h, rows * (n / 16), bd);
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {   /* 4: four_over_six's per-block pick */
             nb_qparams p;
-            nb_qparams_init(&p, k == 3 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
+            nb_qparams_init(&p, k >= 3 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
             if (k == 1) p.amax = 7.5e5f;
-            if (k >= 2) p.block_amax = bam;
+            if (k == 2 || k == 3) p.block_amax = bam;
             char what[48];
             snprintf(what, sizeof what, "%lldx%lld case %d", (long long)rows, (long long)n, k);
             check_quantize_path(ctx, x, &p, path, 1, "nvfp4 row-tail driver", what);
@@ -1315,10 +1391,10 @@ static void test_nvfp4_table_driver(nb_ctx *ctx, const char *path) {
     uint16_t *h = nb_tensor_data(x);
     float *bd = nb_tensor_data(bam);
     bf16_block_amax(h, 1024 * 256, bd);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {   /* 3: four_over_six's per-block pick (no block amax) */
         nb_qparams p;
-        nb_qparams_init(&p, k == 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
-        if (k) p.block_amax = bam;
+        nb_qparams_init(&p, k >= 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
+        if (k == 1 || k == 2) p.block_amax = bam;
         char what[16];
         snprintf(what, sizeof what, "case %d", k);
         check_quantize_path(ctx, x, &p, path, 0, "nvfp4 table driver", what);
@@ -1482,6 +1558,7 @@ int main(void) {
     test_mx_bf16_sweep();
     test_bf16_row_tails();
     test_nv_table_mixed();
+    test_nv46_pick();
     test_nvfp4_row_tails();
     if (HAVE512) test_drivers(ctx, "avx512");
     else printf("no AVX-512 F/BW/VL/DQ on this CPU: only the AVX2 BF16 table kernel was run\n");

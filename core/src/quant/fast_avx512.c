@@ -242,8 +242,7 @@ NB_AVX512 static inline void nv_tab_k_init(nv_tab_k *k) {
  * AVX-512 mask compares (port 5), not VEX ones: with 512-bit work in flight, port 1 is fused into
  * port 0 for vectors, so 256-bit compares would share one port with everything else. 3 compares
  * and 3 shuffles per 32 elements, where counting against all 7 thresholds took 7 compares per 16. */
-NB_AVX512 static inline __m128i nv_pair_tab(const uint16_t *xb, const int16_t *r0, const int16_t *r1, const nv_tab_k *k) {
-    const __m512i xv = _mm512_loadu_si512((const void *)xb);
+NB_AVX512 static inline __m512i nv_pair_codes(__m512i xv, const int16_t *r0, const int16_t *r1, const nv_tab_k *k) {
     const __m512i mag = _mm512_and_si512(xv, k->m7fff);
     const __m512i R = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)),
                                          _mm256_loadu_si256((const __m256i *)r1), 1);
@@ -256,18 +255,29 @@ NB_AVX512 static inline __m128i nv_pair_tab(const uint16_t *xb, const int16_t *r
     __m512i code = _mm512_maskz_mov_epi16(kn, k->eight);
     code = _mm512_mask_add_epi16(code, k3, code, k->four);
     code = _mm512_mask_add_epi16(code, k2, code, k->two);
-    code = _mm512_mask_add_epi16(code, k1, code, k->one);
-    return _mm512_cvtepi32_epi8(_mm512_madd_epi16(code, k->madd));   /* even + 16 * odd */
+    return _mm512_mask_add_epi16(code, k1, code, k->one);
+}
+
+/* The 16 packed bytes of 32 codes in 16-bit lanes: even + 16 * odd. */
+NB_AVX512 static inline __m128i nv_pack_codes(__m512i code, const nv_tab_k *k) {
+    return _mm512_cvtepi32_epi8(_mm512_madd_epi16(code, k->madd));
+}
+
+/* The E2M1 codes (16-bit lanes, sign in bit 3) of two blocks, packed: nv_pair_codes, nv_pack_codes. */
+NB_AVX512 static inline __m128i nv_pair_tab(const uint16_t *xb, const int16_t *r0, const int16_t *r1, const nv_tab_k *k) {
+    return nv_pack_codes(nv_pair_codes(_mm512_loadu_si512((const void *)xb), r0, r1, k), k);
 }
 
 /* Scale bytes (dword lanes) of blocks g..g+15 with maxima bam: nb_nvfp4_block_scale_dynamic, or
  * nb_nvfp4_block_scale_static from a->block_amax (r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6). */
+NB_AVX512 static inline __m512i nv_static16(__m512 bam, float norm, float global_amax) {
+    __m512 pbs = zero_to_one16(_mm512_div_ps(bam, _mm512_set1_ps(6.0f)));
+    __m512 r = _mm512_mul_ps(pbs, _mm512_set1_ps(norm));
+    return scale_e4m3_16(_mm512_div_ps(r, _mm512_set1_ps(global_amax / 6.0f)));
+}
+
 NB_AVX512 static inline __m512i nv_scales16(__m512 bam, const nb_qrow_args *a, int64_t g, float norm, __m512 d6) {
-    if (a->block_amax) {
-        __m512 pbs = zero_to_one16(_mm512_div_ps(_mm512_loadu_ps(a->block_amax + g), _mm512_set1_ps(6.0f)));
-        __m512 r = _mm512_mul_ps(pbs, _mm512_set1_ps(norm));
-        return scale_e4m3_16(_mm512_div_ps(r, _mm512_set1_ps(a->global_amax / 6.0f)));
-    }
+    if (a->block_amax) return nv_static16(_mm512_loadu_ps(a->block_amax + g), norm, a->global_amax);
     return scale_e4m3_16(zero_to_one16(_mm512_div_ps(bam, d6)));
 }
 
@@ -384,6 +394,125 @@ NB_AVX512 static int64_t nv_tab_groups512(const uint16_t *x, int64_t n, const nb
         if (g == last) break;
         ok = ok_next;
         g = gn;
+    }
+    *vmax = vm;
+    return nb;
+}
+
+/* ---- four_over_six's per-block pick from the data ----------------------------------------------------- */
+
+/* Sums of 16 f32 lanes per block: f[i] holds 8 partial terms of block 2i (lanes 0-7) and of block
+ * 2i+1 (lanes 8-15); returns lane b = the sum of block b's 8 lanes, by a transposing tree. */
+NB_AVX512 static inline __m512 nv46_block_sums(const __m512 f[8]) {
+    const __m512i ia = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i ib = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i ic = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+    const __m512i id = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m512 g[4], h[2];
+    for (int j = 0; j < 4; j++)   /* blocks 4j..4j+3, 4 lanes each */
+        g[j] = _mm512_add_ps(_mm512_permutex2var_ps(f[2 * j], ia, f[2 * j + 1]), _mm512_permutex2var_ps(f[2 * j], ib, f[2 * j + 1]));
+    for (int j = 0; j < 2; j++)   /* blocks 8j..8j+7, 2 lanes each */
+        h[j] = _mm512_add_ps(_mm512_permutex2var_ps(g[2 * j], ic, g[2 * j + 1]), _mm512_permutex2var_ps(g[2 * j], id, g[2 * j + 1]));
+    return _mm512_add_ps(_mm512_permutex2var_ps(h[0], ie, h[1]), _mm512_permutex2var_ps(h[0], io, h[1]));
+}
+
+/* The squared-error terms of one candidate for the pair of blocks in xv (codes c, divisors pp: lane j
+ * of the pair's block), as the reference forms them: y = f32(e2m1 value * p), e = f32(x - y), f32(e * e);
+ * the even and odd elements' terms added (8 lanes per block). */
+NB_AVX512 static inline __m512 nv46_pair_sse(__m512 xe, __m512 xo, __m512i c, __m512 pp, __m512 deq) {
+    __m512 ye = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(c, i32v(0xF)), deq), pp);
+    __m512 yo = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 16), deq), pp);
+    __m512 ee = _mm512_sub_ps(xe, ye), eo = _mm512_sub_ps(xo, yo);
+    return _mm512_add_ps(_mm512_mul_ps(ee, ee), _mm512_mul_ps(eo, eo));
+}
+
+/* The blocks of a group in mask, again by the reference row (its own block max and pick). */
+NB_AVX512 __attribute__((noinline)) static void nv46_ref_blocks(const uint16_t *xg, unsigned mask, const nb_qrow_args *a,
+                                                               uint8_t *qg, uint8_t *sg) {
+    nb_qrow_args t = *a;
+    t.block_amax = NULL;
+    for (int b = 0; b < 16; b++) {
+        if (!((mask >> b) & 1)) continue;
+        float xf[NB_NVFP4_BLOCK];
+        for (int k = 0; k < NB_NVFP4_BLOCK; k++) xf[k] = bf2f(xg[b * NB_NVFP4_BLOCK + k]);
+        nb_nvfp4_46_quantize_row_ref(xf, NB_NVFP4_BLOCK, &t, qg + 8 * b, sg + b);
+    }
+}
+
+/* four_over_six without calibrated block amax (nb_nvfp4_46_pick_block per block, then the chosen
+ * candidate's static scale byte and codes), 16 blocks a group, the codes of both candidates (block max
+ * on 6, and x1.5 on 4) from the threshold table, which holds them because the driver's s2 is the pick's
+ * own G / 1536 (checked by the caller). The reference sums each candidate's 16 f32 squared errors in
+ * double in element order and keeps 4 iff its sum is strictly lower. Here they are summed in f32 in
+ * another order: any order of 16 nonnegative terms lands within 15 * 2^-24 (relative) of the exact
+ * sum (2^-20.1), and the reference's within 15 * 2^-53, so a difference beyond 2^-18 of the two sums
+ * (2^-19 after the worst rounding of a subnormal threshold; sums below 2^-125 are exact anyway) orders
+ * the reference's sums the same way. Two zero sums are a tie in any order (keep 6). Any other block (a
+ * near-tie: ~1 in 30000 blocks of a Gaussian weight; an overflowed sum) goes to the reference, and so
+ * does a group with a scale byte outside the table's run. Returns the blocks done (rows of at least 16 blocks; the last group overlaps). */
+NB_AVX512 static int64_t nv46_pick_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
+                                             uint8_t *s, __m512i *vmax, const nbq_nv_table *tab) {
+    const int64_t nb = n / NB_NVFP4_BLOCK;
+    if (nb < 16) return 0;
+    const __m512 s2 = _mm512_set1_ps(a->scale);
+    const __m512 deq = _mm512_loadu_ps(nb_e2m1_deq);
+    const __m512i lo = i32v(tab->ok_lo), hi = i32v(tab->ok_hi);
+    const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    nv_tab_k tk;
+    nv_tab_k_init(&tk);
+    __m512i vm = *vmax;
+    uint8_t sb6a[16], sb4a[16];
+    for (int64_t g0 = 0; g0 < nb; g0 += 16) {
+        const int64_t g = g0 + 16 <= nb ? g0 : nb - 16;   /* the last group ends at the row's end */
+        const uint16_t *xg = x + g * NB_NVFP4_BLOCK;
+        uint8_t *qg = q + g * 8;
+        __m512i v[8], t[8];
+        for (int i = 0; i < 8; i++) {
+            v[i] = _mm512_loadu_si512((const void *)(xg + 32 * i));
+            t[i] = _mm512_and_si512(v[i], tk.m7fff);
+            vm = _mm512_max_epu16(vm, t[i]);
+        }
+        const __m512 bam = tree16(t);
+        const __m512i sb6 = nv_static16(bam, 256.0f, a->global_amax);
+        const __m512i sb4 = nv_static16(_mm512_mul_ps(bam, _mm512_set1_ps(1.5f)), 256.0f, a->global_amax);
+        __mmask16 in6 = _mm512_cmpge_epi32_mask(sb6, lo) & _mm512_cmple_epi32_mask(sb6, hi);
+        __mmask16 in4 = _mm512_cmpge_epi32_mask(sb4, lo) & _mm512_cmple_epi32_mask(sb4, hi);
+        if ((in6 & in4) != 0xFFFF) {   /* rare: the reference row for the whole group */
+            nv46_ref_blocks(xg, 0xFFFF, a, qg, s + g);
+            continue;
+        }
+        {
+            _mm_storeu_si128((__m128i *)sb6a, _mm512_cvtepi32_epi8(sb6));
+            _mm_storeu_si128((__m128i *)sb4a, _mm512_cvtepi32_epi8(sb4));
+            const __m512 p6 = _mm512_mul_ps(e4m3_dec16(sb6), s2), p4 = _mm512_mul_ps(e4m3_dec16(sb4), s2);
+            __m512 f6[8], f4[8];
+            __m512i c6[8], c4[8];
+            for (int i = 0; i < 8; i++) {
+                const __m512i idx = _mm512_add_epi32(pair_idx, i32v(2 * i));
+                const __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v[i], 16));
+                const __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(v[i], i32v((int)0xFFFF0000u)));
+                c6[i] = nv_pair_codes(v[i], tab->row[sb6a[2 * i]], tab->row[sb6a[2 * i + 1]], &tk);
+                c4[i] = nv_pair_codes(v[i], tab->row[sb4a[2 * i]], tab->row[sb4a[2 * i + 1]], &tk);
+                f6[i] = nv46_pair_sse(xe, xo, c6[i], _mm512_permutexvar_ps(idx, p6), deq);
+                f4[i] = nv46_pair_sse(xe, xo, c4[i], _mm512_permutexvar_ps(idx, p4), deq);
+            }
+            const __m512 e6 = nv46_block_sums(f6), e4 = nv46_block_sums(f4);
+            const __m512 thr = _mm512_mul_ps(_mm512_add_ps(e4, e6), _mm512_set1_ps(0x1p-18f));
+            const __mmask16 pick4 = _mm512_cmp_ps_mask(_mm512_sub_ps(e6, e4), thr, _CMP_GT_OQ);
+            const __mmask16 keep6 = _mm512_cmp_ps_mask(_mm512_sub_ps(e4, e6), thr, _CMP_GT_OQ) |
+                                    (_mm512_cmp_ps_mask(e4, _mm512_setzero_ps(), _CMP_EQ_OQ) &
+                                     _mm512_cmp_ps_mask(e6, _mm512_setzero_ps(), _CMP_EQ_OQ));
+            _mm_storeu_si128((__m128i *)(s + g), _mm512_cvtepi32_epi8(_mm512_mask_mov_epi32(sb6, pick4, sb4)));
+            for (int i = 0; i < 8; i++) {
+                const __mmask32 m = (__mmask32)(((pick4 >> (2 * i)) & 1) ? 0xFFFFu : 0u) |
+                                    (__mmask32)(((pick4 >> (2 * i + 1)) & 1) ? 0xFFFF0000u : 0u);
+                _mm_storeu_si128((__m128i *)(qg + 16 * i), nv_pack_codes(_mm512_mask_mov_epi16(c6[i], m, c4[i]), &tk));
+            }
+            const __mmask16 undecided = (__mmask16)~(pick4 | keep6);
+            if (__builtin_expect(undecided != 0, 0)) nv46_ref_blocks(xg, undecided, a, qg, s + g);
+        }
     }
     *vmax = vm;
     return nb;
@@ -687,7 +816,11 @@ NB_AVX512 static int row_status(__m512i vmax, const uint16_t *x, int64_t from, i
 
 NB_AVX512 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
                                           const nbq_nv_table *tab, uint8_t *q, uint8_t *s) {
-    if (f == NB_FMT_NVFP4_46 && !a->block_amax) return 1;   /* the per-block pick: the f32 row */
+    const int pick = f == NB_FMT_NVFP4_46 && !a->block_amax;   /* the per-block pick */
+    if (pick) {   /* the table must be the pick's own s2 (the driver's); else the f32 rows */
+        const float s46 = nb_nvfp4_scale2(a->global_amax, 256.0f);
+        if (!tab || memcmp(&s46, &a->scale, sizeof s46) != 0) return 1;
+    }
     float tail[512];
     __m512i vmax = _mm512_setzero_si512();
     const float norm = f == NB_FMT_NVFP4 ? 448.0f : 256.0f;
@@ -703,13 +836,15 @@ NB_AVX512 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64
         float bp[16];
         uint8_t qp[128], sp[16];
         nb_qrow_args t = nbq_nv_pad_row(x, nb, a, xp, bp);
-        if (tab) nv_tab_groups512(xp, 256, &t, norm, qp, sp, &vmax, tab);
+        if (pick) nv46_pick_groups512(xp, 256, &t, qp, sp, &vmax, tab);   /* zero blocks: both sums 0, keep 6 */
+        else if (tab) nv_tab_groups512(xp, 256, &t, norm, qp, sp, &vmax, tab);
         else nv_groups512(xp, 256, &t, norm, qp, sp, &vmax);
         memcpy(q, qp, (size_t)nb * 8);
         memcpy(s, sp, (size_t)nb);
         return row_status(vmax, x, nb * NB_NVFP4_BLOCK, n);
     }
-    int64_t g = tab ? nv_tab_groups512(x, n, a, norm, q, s, &vmax, tab) : nv_groups512(x, n, a, norm, q, s, &vmax);
+    int64_t g = pick  ? nv46_pick_groups512(x, n, a, q, s, &vmax, tab)
+              : tab ? nv_tab_groups512(x, n, a, norm, q, s, &vmax, tab) : nv_groups512(x, n, a, norm, q, s, &vmax);
     int64_t rest = n - g * NB_NVFP4_BLOCK;   /* only past the last block when n is not whole blocks */
     if (rest > 0) {
         nb_qrow_args t = *a;
