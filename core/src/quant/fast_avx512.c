@@ -450,7 +450,7 @@ NB_AVX512 __attribute__((noinline)) static void nv46_ref_blocks(const uint16_t *
  * sum (2^-20.1), and the reference's within 15 * 2^-53, so a difference beyond 2^-18 of the two sums
  * (2^-19 after the worst rounding of a subnormal threshold; sums below 2^-125 are exact anyway) orders
  * the reference's sums the same way. Two zero sums are a tie in any order (keep 6). Any other block (a
- * near-tie: ~1 in 30000 blocks of a Gaussian weight; an overflowed sum) goes to the reference, and so
+ * near-tie: 1 in 9300 blocks of bench_quant's Gaussian BF16 weight; an overflowed sum) goes to the reference, and so
  * does a group with a scale byte outside the table's run. Returns the blocks done (rows of at least 16 blocks; the last group overlaps). */
 NB_AVX512 static int64_t nv46_pick_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                                              uint8_t *s, __m512i *vmax, const nbq_nv_table *tab) {
