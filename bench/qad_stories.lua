@@ -9,7 +9,8 @@
 --       [chunks=100] [out=/tmp/qad-stories] [metrics=FILE.jsonl] [freeze=GLOB,GLOB] [seed=1]
 --       [clip=1] [beta1=0.9] [beta2=0.999] [eps=1e-8] [weight_decay=0] [temperature=1] [grad_accum=1]
 --       [recalibrate=N: re-run max calibration every N steps] [lm_loss=1 kd_loss_scale=S: loss = CE + S * KL]
---       [loss=kl|reverse_kl: the distillation loss] [quick=1: QAD row only]
+--       [loss=kl|reverse_kl: the distillation loss] [teacher_temperature=T: distill from logits / T]
+--       [quick=1: QAD row only]
 --       [pack=0: one story per row] [eos=0|1: EOS after every story (default: as the tokenizer, none)]
 --       [dump=DIR: write the training rows and validation ids for bench/qad_stories_torch.py, then stop]
 --       [train_eval=1: also score PTQ and QAD on the training text (is the student short of data or of grid?)]
@@ -75,11 +76,25 @@ for _, k in ipairs { "clip", "beta1", "beta2", "eps", "weight_decay", "temperatu
 end
 config.loss = arg.loss   -- kl (default) | reverse_kl | ce (nibble.distill's kinds)
 if arg.lm_loss == "1" then config.lm_loss, config.kd_loss_scale = true, n("kd_loss_scale", 1) end
+-- teacher_temperature=T: distill from the teacher's logits divided by T (its final norm's weight scaled by
+-- 1/T, which scales the logits of this tied-embedding model exactly), restored before every eval: the
+-- KLD rows stay against the teacher itself. bench/README.md says how T was fit on the training rows.
+local tt = n("teacher_temperature", 1)
+local norm_w = teacher:param("model.norm.weight")
+local norm_saved = tt ~= 1 and nibble.zeros("f32", norm_w.shape)
+local function teacher_scale(f)   -- f ~= 1: divide the logits by 1/f; f == 1: the saved weights back
+  local d = norm_w:data("float *")
+  if f == 1 then return require("ffi").copy(d, norm_saved:data("float *"), 4 * norm_w:numel()) end
+  require("ffi").copy(norm_saved:data("float *"), d, 4 * norm_w:numel())
+  for i = 0, norm_w:numel() - 1 do d[i] = d[i] * f end
+end
 local run = qad.new { teacher = teacher, student = qm, loader = loader, config = config }
 if not arg.quick then row("PTQ (NVFP4 W4A16 max)", student) end
 if tr_ids then row("PTQ, on training text", student, tr_ids) end
 local mf = arg.metrics and io.open(arg.metrics, "wb")
+if tt ~= 1 then teacher_scale(1 / tt) end
 local tr = qad.train(run, { record = function(t) if mf then mf:write(qad.json_line(t), "\n") end end })
+if tt ~= 1 then teacher_scale(1) end
 if mf then mf:close() end
 row("QAD (trained scales)", student)
 if tr_ids then row("QAD, on training text", student, tr_ids) end
