@@ -493,36 +493,36 @@ static void compare_nv_table(nb_qformat f, nb_qrow_quantize_fn ref, const float 
     }
     memset(q1, 0xEE, (size_t)qb);
     memset(s1, 0xEE, (size_t)sbn);
-    if (f == NB_FMT_NVFP4_46 && !a->block_amax) {   /* the per-block pick: the AVX2 path runs the f32 rows */
-        CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1), 1);
-    } else {
-        CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1), 0);
-        CHECK_SAME("nvfp4 table avx2", q0, q1, qb, "avx2 table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
-        CHECK_SAME("nvfp4 table avx2", s0, s1, sbn, "avx2 table kernel scales, %s n=%lld", mode, (long long)n);
-        n_avx2_tab_rows++;
-    }
+    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1), 0);
+    CHECK_SAME("nvfp4 table avx2", q0, q1, qb, "avx2 table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
+    CHECK_SAME("nvfp4 table avx2", s0, s1, sbn, "avx2 table kernel scales, %s n=%lld", mode, (long long)n);
+    n_avx2_tab_rows++;
     free(q0); free(q1); free(s0); free(s1);
 }
 
-/* four_over_six's per-block pick by the AVX-512 table kernel (rows from test_bf16_kernels' generator,
+/* four_over_six's per-block pick by the table kernels (rows from test_bf16_kernels' generator,
  * the per-tensor amax at, above or far above the row's), the rows of 1-15 blocks it pads included, and
  * blocks built to reach each of its branches: a pick of 4, a keep of 6, an exact tie of two nonzero
  * error sums (the reference keeps 6: the near-tie path), two zero sums, and huge values whose squared
  * errors overflow (the reference path). */
-static int64_t n_pick_rows = 0;
+static int64_t n_pick_rows = 0, n_pick_rows_avx2 = 0;
 static void compare_nv46_pick(const float *x, const uint16_t *h, int64_t n, float global_amax, const char *mode) {
     nb_qrow_args a;
     memset(&a, 0, sizeof a);
     a.div_dtype = NB_F32;
     a.global_amax = global_amax;
     a.scale = nb_nvfp4_scale2(global_amax, 256.0f);
-    int64_t before = n_bf16_rows;
+    int64_t before = n_bf16_rows, before2 = n_avx2_tab_rows;
     compare_nv_table(NB_FMT_NVFP4_46, nb_nvfp4_46_quantize_row_ref, x, h, n, &a, mode);
     n_pick_rows += n_bf16_rows - before;
-    /* another s2 than the pick's own: not this kernel's case */
-    uint8_t q[4], sc[1];
+    n_pick_rows_avx2 += n_avx2_tab_rows - before2;
+    /* another s2 than the pick's own: not these kernels' case */
+    uint8_t q[8], sc[1];
     a.scale = a.scale * 2.0f;
-    if (HAVE512 && a.scale > 0.0f) CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 16, &a, &NVTAB, q, sc), 1);
+    if (a.scale > 0.0f) {
+        if (HAVE512) CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 16, &a, &NVTAB, q, sc), 1);
+        CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 16, &a, &NVTAB, q, sc), 1);
+    }
 }
 
 static void test_nv46_pick(void) {
@@ -571,7 +571,9 @@ static void test_nv46_pick(void) {
     for (int i = 0; i < 64 * 16; i++) x[i] = nb_bf16_to_f32(h[i]);
     compare_nv46_pick(x, h, 64 * 16, row_absmax(x, 64 * 16), "nvfp4_46 pick, overflowing errors");
     if (HAVE512) CHECK(n_pick_rows > 700);
-    printf("four_over_six pick rows compared (AVX-512 table kernel): %lld\n", (long long)n_pick_rows);
+    CHECK(n_pick_rows_avx2 > 700);
+    printf("four_over_six pick rows compared: %lld (AVX-512 table kernel), %lld (AVX2)\n", (long long)n_pick_rows,
+           (long long)n_pick_rows_avx2);
     free(x);
     free(h);
 }
@@ -677,7 +679,7 @@ static void test_bf16_kernels(void) {
     a.global_amax = 1.0f;
     if (HAVE512) CHECK_EQ_INT(nbq_avx512_quantize_bf16(NB_FMT_NVFP4_46, h, 32, &a, q, sc), 1);
     nbq_nv_table_build(a.scale, &NVTAB);
-    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 32, &a, &NVTAB, q, sc), 1);   /* the per-block pick */
+    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 32, &a, &NVTAB, q, sc), 1);   /* the pick, s2 not G/1536 */
     CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_MXFP8, h, 32, &a, &NVTAB, q, sc), 1);
     CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4, h, 32, &a, NULL, q, sc), 1);
     /* NVFP4's division without dividing: every block with the same amax (so one divisor p per row),

@@ -402,10 +402,99 @@ NB_AVX2 static int64_t nv_tab_groups_stat(const uint16_t *x, int64_t n, const nb
     return nv_tab_groups(x, n, a, norm, tab, q, s, vm, 1);
 }
 
+/* Lane k = the sum of v[k]'s 8 lanes (a VHADDPS tree, then the two 128-bit halves added). */
+NB_AVX2 static inline __m256 nv46_hsum8(const __m256 v[8]) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* One candidate's squared-error terms of the block at xb (magnitude codes c, divisor p), 8 lanes:
+ * e = f32(|x| - f32(value * p)) has the reference's |x - y| (the code's sign is x's), squared in f32. */
+NB_AVX2 static inline __m256 nv46_block_sse(__m256i mag, __m256i c, __m256 p, __m256 deq8) {
+    const __m256 x0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(mag)), 16));
+    const __m256 x1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(mag, 1)), 16));
+    const __m256 y0 = _mm256_mul_ps(_mm256_permutevar8x32_ps(deq8, _mm256_cvtepu16_epi32(_mm256_castsi256_si128(c))), p);
+    const __m256 y1 = _mm256_mul_ps(_mm256_permutevar8x32_ps(deq8, _mm256_cvtepu16_epi32(_mm256_extracti128_si256(c, 1))), p);
+    const __m256 e0 = _mm256_sub_ps(x0, y0), e1 = _mm256_sub_ps(x1, y1);
+    return _mm256_add_ps(_mm256_mul_ps(e0, e0), _mm256_mul_ps(e1, e1));
+}
+
+/* four_over_six's per-block pick from the data by the threshold table: fast_avx512.c's
+ * nv46_pick_groups512 (its comment has the margin argument) with one block per ymm. */
+NB_AVX2 static int64_t nv46_pick_groups(const uint16_t *x, int64_t n, const nb_qrow_args *a, const nbq_nv_table *tab,
+                                        uint8_t *q, uint8_t *s, __m256i *vm) {
+    const int64_t nb = n / NB_NVFP4_BLOCK;
+    if (nb < 16) return 0;
+    const __m256 s2 = f32(a->scale), deq8 = _mm256_loadu_ps(nb_e2m1_deq);
+    const __m256i lo = i32(tab->ok_lo), hi = i32(tab->ok_hi);
+    int32_t i6[16], i4[16], ib[16];
+    float p6[16], p4[16];
+    for (int64_t g0 = 0; g0 < nb; g0 += 16) {
+        const int64_t g = g0 + 16 <= nb ? g0 : nb - 16;   /* the last group ends at the row's end */
+        const uint16_t *xg = x + g * NB_NVFP4_BLOCK;
+        uint8_t *qg = q + g * 8;
+        __m256i m[2], sb6[2], sb4[2];
+        nv_bmax16(xg, &m[0], &m[1]);
+        *vm = _mm256_max_epu32(*vm, _mm256_max_epu32(m[0], m[1]));
+        __m256i out = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256 bam = _mm256_castsi256_ps(m[h]);
+            sb6[h] = scale_static(bam, a->global_amax, 256.0f);
+            sb4[h] = scale_static(_mm256_mul_ps(bam, f32(1.5f)), a->global_amax, 256.0f);
+            out = _mm256_or_si256(out, _mm256_or_si256(_mm256_or_si256(_mm256_cmpgt_epi32(sb6[h], hi), _mm256_cmpgt_epi32(lo, sb6[h])),
+                                                       _mm256_or_si256(_mm256_cmpgt_epi32(sb4[h], hi), _mm256_cmpgt_epi32(lo, sb4[h]))));
+            _mm256_storeu_si256((__m256i *)(i6 + 8 * h), sb6[h]);
+            _mm256_storeu_si256((__m256i *)(i4 + 8 * h), sb4[h]);
+            _mm256_storeu_ps(p6 + 8 * h, _mm256_mul_ps(e4m3_dec(sb6[h]), s2));
+            _mm256_storeu_ps(p4 + 8 * h, _mm256_mul_ps(e4m3_dec(sb4[h]), s2));
+        }
+        if (!_mm256_testz_si256(out, out)) {   /* rare: the reference for the whole group */
+            nv46_ref_blocks(xg, 0xFFFF, a, qg, s + g);
+            continue;
+        }
+        __m256i c6[16], c4[16];
+        __m256 f6[16], f4[16];
+        for (int b = 0; b < 16; b++) {
+            const uint16_t *xb = xg + 16 * b;
+            const __m256i mag = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)xb), _mm256_set1_epi16(0x7FFF));
+            c6[b] = nv_codes16(xb, tab->row[i6[b]], vm, 0);
+            c4[b] = nv_codes16(xb, tab->row[i4[b]], vm, 0);
+            f6[b] = nv46_block_sse(mag, c6[b], _mm256_set1_ps(p6[b]), deq8);
+            f4[b] = nv46_block_sse(mag, c4[b], _mm256_set1_ps(p4[b]), deq8);
+        }
+        unsigned pick4 = 0, keep6 = 0;
+        for (int h = 0; h < 2; h++) {
+            const __m256 e6 = nv46_hsum8(f6 + 8 * h), e4 = nv46_hsum8(f4 + 8 * h);
+            const __m256 thr = _mm256_mul_ps(_mm256_add_ps(e4, e6), f32(0x1p-18f));
+            const __m256 z = _mm256_setzero_ps();
+            const __m256 m4 = _mm256_cmp_ps(_mm256_sub_ps(e6, e4), thr, _CMP_GT_OQ);
+            const __m256 k6 = _mm256_or_ps(_mm256_cmp_ps(_mm256_sub_ps(e4, e6), thr, _CMP_GT_OQ),
+                                           _mm256_and_ps(_mm256_cmp_ps(e4, z, _CMP_EQ_OQ), _mm256_cmp_ps(e6, z, _CMP_EQ_OQ)));
+            pick4 |= (unsigned)_mm256_movemask_ps(m4) << (8 * h);
+            keep6 |= (unsigned)_mm256_movemask_ps(k6) << (8 * h);
+            _mm256_storeu_si256((__m256i *)(ib + 8 * h), _mm256_blendv_epi8(sb6[h], sb4[h], _mm256_castps_si256(m4)));
+        }
+        for (int b = 0; b < 16; b++) s[g + b] = (uint8_t)ib[b];
+        for (int b = 0; b < 16; b += 4) {
+            __m256i c[4];
+            for (int k = 0; k < 4; k++) c[k] = (pick4 >> (b + k)) & 1 ? c4[b + k] : c6[b + k];
+            nv_store4(qg + 8 * b, xg + 16 * b, c[0], c[1], c[2], c[3]);
+        }
+        const unsigned undecided = ~(pick4 | keep6) & 0xFFFFu;
+        if (__builtin_expect(undecided != 0, 0)) nv46_ref_blocks(xg, undecided, a, qg, s + g);
+    }
+    return nb;
+}
+
 NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
                                       const nbq_nv_table *tab, uint8_t *q, uint8_t *s) {
     if (!tab || (f != NB_FMT_NVFP4 && f != NB_FMT_NVFP4_46)) return 1;
-    if (f == NB_FMT_NVFP4_46 && !a->block_amax) return 1;   /* the per-block pick: the f32 row */
+    const int pick = f == NB_FMT_NVFP4_46 && !a->block_amax;   /* the per-block pick */
+    if (pick) {   /* the table must be the pick's own s2 (the driver's); else the f32 rows */
+        const float s46 = nb_nvfp4_scale2(a->global_amax, 256.0f);
+        if (memcmp(&s46, &a->scale, sizeof s46) != 0) return 1;
+    }
     const float norm = f == NB_FMT_NVFP4 ? 448.0f : 256.0f;
     const int64_t nb = n / NB_NVFP4_BLOCK;
     if (nb >= 1 && nb < 16) {
@@ -426,7 +515,14 @@ NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n
     __m256i vm = _mm256_setzero_si256();
     uint32_t worst;   /* the largest magnitude pattern seen (>= 0x7F80: NaN/Inf) */
     int64_t g;
-    if (a->block_amax) {
+    if (pick) {
+        g = nv46_pick_groups(x, n, a, tab, q, s, &vm);
+        uint32_t t[8];
+        _mm256_storeu_si256((__m256i *)t, vm);
+        worst = 0;
+        for (int k = 0; k < 8; k++) worst = t[k] > worst ? t[k] : worst;
+        worst >>= 16;
+    } else if (a->block_amax) {
         g = nv_tab_groups_stat(x, n, a, norm, tab, q, s, &vm);
         uint16_t t[16];
         _mm256_storeu_si256((__m256i *)t, vm);

@@ -428,19 +428,6 @@ NB_AVX512 static inline __m512 nv46_pair_sse(__m512 xe, __m512 xo, __m512i c, __
     return _mm512_add_ps(_mm512_mul_ps(ee, ee), _mm512_mul_ps(eo, eo));
 }
 
-/* The blocks of a group in mask, again by the reference row (its own block max and pick). */
-NB_AVX512 __attribute__((noinline)) static void nv46_ref_blocks(const uint16_t *xg, unsigned mask, const nb_qrow_args *a,
-                                                               uint8_t *qg, uint8_t *sg) {
-    nb_qrow_args t = *a;
-    t.block_amax = NULL;
-    for (int b = 0; b < 16; b++) {
-        if (!((mask >> b) & 1)) continue;
-        float xf[NB_NVFP4_BLOCK];
-        for (int k = 0; k < NB_NVFP4_BLOCK; k++) xf[k] = bf2f(xg[b * NB_NVFP4_BLOCK + k]);
-        nb_nvfp4_46_quantize_row_ref(xf, NB_NVFP4_BLOCK, &t, qg + 8 * b, sg + b);
-    }
-}
-
 /* four_over_six without calibrated block amax (nb_nvfp4_46_pick_block per block, then the chosen
  * candidate's static scale byte and codes), 16 blocks a group, the codes of both candidates (block max
  * on 6, and x1.5 on 4) from the threshold table, which holds them because the driver's s2 is the pick's

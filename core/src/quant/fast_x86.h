@@ -399,4 +399,18 @@ static inline void nv_block_ref(const uint16_t *x, float p, uint8_t *q) {
     }
 }
 
+/* The blocks in mask (bit b: block b) of a 16-block BF16 group, four_over_six with the per-block pick
+ * from the data, by the reference row (its own block max and pick): the pick kernels' rare blocks. */
+__attribute__((noinline)) static void nv46_ref_blocks(const uint16_t *xg, unsigned mask, const nb_qrow_args *a,
+                                                      uint8_t *qg, uint8_t *sg) {
+    nb_qrow_args t = *a;
+    t.block_amax = NULL;
+    for (int b = 0; b < 16; b++) {
+        if (!((mask >> b) & 1)) continue;
+        float xf[NB_NVFP4_BLOCK];
+        for (int k = 0; k < NB_NVFP4_BLOCK; k++) xf[k] = bf2f(xg[b * NB_NVFP4_BLOCK + k]);
+        nb_nvfp4_46_quantize_row_ref(xf, NB_NVFP4_BLOCK, &t, qg + 8 * b, sg + b);
+    }
+}
+
 #endif

@@ -622,11 +622,9 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
     nbq_nv_table *tab = NULL;
     /* NVFP4 and static NVFP4_46 (the per-block pick has no fixed divisors per scale byte): on the
      * "avx512" path the BF16 kernel, on the "avx2" path (installed AVX2 rows) the AVX2 one */
-    int tab_fmt = p->format == NB_FMT_NVFP4 || (p->format == NB_FMT_NVFP4_46 && p->block_amax);
+    /* every NVFP4 case, four_over_six's per-block pick included (both candidates' codes from the table) */
+    int tab_fmt = nbq_is_nvfp4(p->format);
     int avx2tab = !j.bf16 && tab_fmt && xc->dtype == NB_BF16 && nbq_avx2_nv_table_for(p->format);
-    /* four_over_six's per-block pick: the AVX-512 kernel takes both candidates' codes from the table
-     * (the AVX2 path runs the f32 rows) */
-    if (j.bf16 && p->format == NB_FMT_NVFP4_46 && !p->block_amax) tab_fmt = 1;
     if ((j.bf16 || avx2tab) && tab_fmt && plan.rows * plan.n >= ((int64_t)1 << 20) &&
         (tab = aligned_alloc(64, (sizeof *tab + 63) & ~(size_t)63))) {   /* rows on cache lines */
         /* ~50 us of exact divisions (one thread) make the kernel ~2.5x faster, ~0.2 ns per element
