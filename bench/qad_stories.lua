@@ -9,6 +9,7 @@
 --       [chunks=100] [out=/tmp/qad-stories] [metrics=FILE.jsonl] [freeze=GLOB,GLOB] [seed=1]
 --       [clip=1] [beta1=0.9] [beta2=0.999] [eps=1e-8] [weight_decay=0] [temperature=1] [grad_accum=1]
 --       [recalibrate=N: re-run max calibration every N steps] [lm_loss=1 kd_loss_scale=S: loss = CE + S * KL]
+--       [lr_scale_unquantized=M: lr * M for the parameters that stay in full precision]
 --       [loss=kl|reverse_kl: the distillation loss] [teacher_temperature=T: distill from logits / T]
 --       [quick=1: QAD row only]
 --       [pack=0: one story per row] [eos=0|1: EOS after every story (default: as the tokenizer, none)]
@@ -71,7 +72,8 @@ if arg.dump then   -- the exact rows QAD would read: [steps * batch, seq_len + 1
   return
 end
 local config = { steps = steps, lr = lr, min_lr = n("min_lr", 0), warmup = n("warmup", 10) }
-for _, k in ipairs { "clip", "beta1", "beta2", "eps", "weight_decay", "temperature", "grad_accum", "recalibrate" } do
+for _, k in ipairs { "clip", "beta1", "beta2", "eps", "weight_decay", "temperature", "grad_accum", "recalibrate",
+                     "lr_scale_unquantized" } do
   config[k] = arg[k] and tonumber(arg[k]) or nil
 end
 config.loss = arg.loss   -- kl (default) | reverse_kl | ce (nibble.distill's kinds)

@@ -5,7 +5,7 @@
 --       [seq_len=512] [batch=8] [grad_accum=1] [kd=kl|reverse_kl|topk] [topk=64] [temperature=1]
 --       [lm_loss=false] [sft_mask=true] [layout=modelopt|compressed-tensors] [metrics=FILE.jsonl]
 --       [checkpoint_every=N] [checkpoint_dir=DIR] [resume=true] [eval_every=N] [ctx=512] [chunks=N]
---       [seed=1] [teacher=PATH]
+--       [seed=1] [teacher=PATH] [lr_scale_unquantized=1: lr multiplier of the parameters left in full precision]
 -- stories260K (issue 6; PTQ KLD 0.0941 / PPL 4.2412 -> QAD 0.0246 / 3.9911, teacher PPL 3.8666; plain-text
 -- documents are marked as the tokenizer marks them, BOS only here: see qad.loader and bench/README.md):
 --   nibble run recipes/qad.lua model=../shared/data/stories260K/hf
@@ -71,6 +71,7 @@ return nibble.recipe {
     checkpoint_dir = arg.checkpoint_dir,
     resume = bool("resume", false),
     recalibrate = n("recalibrate", 0),
+    lr_scale_unquantized = n("lr_scale_unquantized", 1),
     metrics = arg.metrics,
   },
   eval = { ctx = n("ctx", 512), chunks = n("chunks", nil) },

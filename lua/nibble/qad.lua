@@ -32,7 +32,8 @@ end
 local loss_keys = { loss = true, temperature = true, t2 = true, topk = true, top_k = true, topk_norm = true,
                     lm_loss = true, kd_loss_scale = true, ignore_index = true }
 local train_keys = { steps = true, lr = true, min_lr = true, warmup = true, grad_accum = true, clip = true,
-                     weight_decay = true, sft_mask = true, recalibrate = true, beta1 = true, beta2 = true, eps = true }
+                     weight_decay = true, sft_mask = true, recalibrate = true, beta1 = true, beta2 = true, eps = true,
+                     lr_scale_unquantized = true }
 
 local function num(t, k, what, int, min)
   local v = t[k]
@@ -53,7 +54,8 @@ end
 
 -- config(t [, algorithm]): an nb_qad_cfg from a recipe's distill table (loss keys as nibble.distill.config;
 -- steps, lr, min_lr, warmup, grad_accum, clip, weight_decay, sft_mask, recalibrate = N steps (false/0: scales
--- frozen), beta1, beta2, eps). algorithm: the calibration method recalibrate re-runs (default "max").
+-- frozen), beta1, beta2, eps, lr_scale_unquantized = the lr multiplier of the parameters no weight quantizer
+-- covers: embeddings, norms, layers left in full precision). algorithm: the calibration method recalibrate re-runs (default "max").
 function Q.config(t, algorithm)
   if ffi.istype("nb_qad_cfg", t) then return t end
   t = t or {}
@@ -88,6 +90,7 @@ function Q.config(t, algorithm)
   c.beta1 = num(t, "beta1", w) or c.beta1
   c.beta2 = num(t, "beta2", w) or c.beta2
   c.eps = num(t, "eps", w) or c.eps
+  c.lr_scale_unquantized = num(t, "lr_scale_unquantized", w, false, 0) or c.lr_scale_unquantized
   local sm = bool(t.sft_mask, w, "sft_mask")
   if sm ~= nil then c.sft_mask = sm and 1 or 0 end
   local rc = t.recalibrate

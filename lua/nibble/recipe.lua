@@ -54,6 +54,7 @@ M.sub_schema = {
               resume = true, recalibrate = true, metrics = true, seed = true,
               -- AdamW's, the loss's finer knobs and the training data's reading (nibble.qad.config / loader)
               beta1 = true, beta2 = true, eps = true, top_k = true, topk_norm = true, ignore_index = true,
+              lr_scale_unquantized = true,
               text_field = true, separator = true, pack = true, eos = true },
   export = { dir = true, layout = true, max_shard_size = true },
   eval = { data = true, ctx = true, chunks = true },

@@ -416,6 +416,75 @@ static void test_training(nb_ctx *ctx) {
     session_close(&S);
 }
 
+/* lr_scale_unquantized: the parameters no weight quantizer covers (embeddings, norms, the excluded
+ * lm_head) take lr * scale. AdamW's first step moves an element by lr * g / (|g| + eps), i.e. by ~lr
+ * where |g| >> eps, so the largest move per parameter tells its lr; scale 0 freezes them. */
+static int is_quantized_weight(session *S, int64_t p) {
+    for (int64_t i = 0; i < nb_qmodel_count(S->qm); i++) {
+        if (!nb_qmodel_weight_quantizer(S->qm, i)) continue;
+        char name[160];
+        snprintf(name, sizeof name, "%s.weight", nb_qmodel_name(S->qm, i));
+        if (strcmp(name, nb_model_param_name(S->sm, p)) == 0) return 1;
+    }
+    return 0;
+}
+
+static void test_lr_groups(nb_ctx *ctx) {
+    static const double scales[3] = {1.0, 3.0, 0.0};
+    for (int k = 0; k < 3; k++) {
+        nb_qad_cfg cfg;
+        qad_config(&cfg);
+        cfg.warmup = 0;
+        cfg.weight_decay = 0.0;
+        cfg.clip = 0.0;
+        cfg.lr = 1e-3;
+        cfg.lr_scale_unquantized = scales[k];
+        session S;
+        session_open(ctx, &S, &cfg);
+        if (!S.q) return;
+        const int64_t np = nb_model_param_count(S.sm);
+        float **before = calloc((size_t)np, sizeof *before);
+        for (int64_t p = 0; p < np; p++) {
+            nb_tensor *t = nb_model_param(S.sm, p);
+            before[p] = malloc((size_t)nb_tensor_numel(t) * sizeof(float));
+            memcpy(before[p], nb_tensor_data(t), (size_t)nb_tensor_numel(t) * sizeof(float));
+        }
+        nb_qad_metrics m;
+        CHECK_OK(ctx, nb_qad_step(ctx, S.q, &m));
+        CHECK(m.lr == cfg.lr);
+        int nq = 0, nu = 0;
+        for (int64_t p = 0; p < np; p++) {
+            nb_tensor *t = nb_model_param(S.sm, p);
+            const float *d = nb_tensor_data(t);
+            float moved = 0;
+            for (int64_t i = 0; i < nb_tensor_numel(t); i++) moved = fmaxf(moved, fabsf(d[i] - before[p][i]));
+            const int q = is_quantized_weight(&S, p);
+            const double want = q ? cfg.lr : cfg.lr * scales[k];
+            nq += q;
+            nu += !q;
+            CHECK_MSG(fabs(moved - want) <= 0.02 * cfg.lr, "scale %g: %s (%s) moved by %g, want ~%g", scales[k],
+                      nb_model_param_name(S.sm, p), q ? "quantized" : "unquantized", (double)moved, want);
+            free(before[p]);
+        }
+        free(before);
+        /* 2 layers x 7 linears; embeddings, 2 x 2 norms, the final norm and the excluded lm_head */
+        CHECK_MSG(nq == 14 && nu == 7, "%d quantized, %d unquantized", nq, nu);
+        session_close(&S);
+    }
+    nb_qad_cfg cfg;
+    qad_config(&cfg);
+    cfg.lr_scale_unquantized = -1;
+    session S;
+    memset(&S, 0, sizeof S);
+    nb_model *teacher = make_model(ctx), *sm = make_model(ctx);
+    nb_qmodel *qm = make_student(ctx, sm, 0);
+    nb_qad *q = NULL;
+    CHECK_FAIL(ctx, nb_qad_new(ctx, &cfg, teacher, qm, NULL, &q), NB_ERR_INVALID, "lr_scale_unquantized must be a finite number >= 0");
+    nb_qmodel_free(qm);
+    nb_model_free(sm);
+    nb_model_free(teacher);
+}
+
 /* ---- determinism and resume --------------------------------------------------------------------- */
 
 static void test_resume_flag(nb_ctx *ctx, const char *ref) {
@@ -466,6 +535,11 @@ static void test_resume_flag(nb_ctx *ctx, const char *ref) {
     cfg.steps = 20;
     session_open(ctx, &S, &cfg);
     CHECK_FAIL(ctx, nb_qad_restore(ctx, S.q, ck), NB_ERR_INVALID, "steps: the checkpoint has 12, this run 20");
+    session_close(&S);
+    qad_config(&cfg);
+    cfg.lr_scale_unquantized = 2;   /* a setting the checkpoint's (default) settings do not list */
+    session_open(ctx, &S, &cfg);
+    CHECK_FAIL(ctx, nb_qad_restore(ctx, S.q, ck), NB_ERR_INVALID, "lr_scale_unquantized=2");
     char empty[512];
     snprintf(empty, sizeof empty, "%s/no_ckpt", tmpdir);
     CHECK_FAIL(ctx, nb_qad_restore(ctx, S.q, empty), NB_ERR_NOT_FOUND, "no QAD checkpoint");
@@ -636,6 +710,7 @@ int main(int argc, char **argv) {
     test_gradients(ctx);
     test_accumulation(ctx);
     test_training(ctx);
+    test_lr_groups(ctx);
     char ref[512];
     test_determinism(ctx, ref);
     test_resume_flag(ctx, ref);

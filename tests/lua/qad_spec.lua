@@ -51,7 +51,8 @@ describe("qad.config", function()
   it("maps a recipe's distill table onto nb_qad_cfg", function()
     local c = qad.config { loss = "reverse_kl", temperature = 2, t2 = false, topk = 16, lm_loss = true,
                            kd_loss_scale = 0.5, steps = 300, lr = 2e-5, min_lr = 1e-6, warmup = 15, grad_accum = 4,
-                           clip = 0.5, weight_decay = 0.01, sft_mask = false, recalibrate = 50, batch = 8 }
+                           clip = 0.5, weight_decay = 0.01, sft_mask = false, recalibrate = 50, batch = 8,
+                           lr_scale_unquantized = 10 }
     assert.are.equal(C.NB_KD_REVERSE, c.loss.kd)
     assert.are.equal(2, c.loss.temperature)
     assert.are.equal(0, c.loss.t2_scale)
@@ -68,7 +69,9 @@ describe("qad.config", function()
     assert.are.equal(0, c.sft_mask)
     assert.are.equal(50, tonumber(c.recalibrate))
     assert.are.equal(C.NB_CALIB_MAX, c.recalib.method)
+    assert.are.equal(10, c.lr_scale_unquantized)
     local d = qad.config {}
+    assert.are.equal(1, d.lr_scale_unquantized)
     assert.are.equal(C.NB_KD_FORWARD, d.loss.kd)
     assert.are.equal(1e-5, d.lr)
     assert.are.equal(1, d.clip)
@@ -100,6 +103,7 @@ describe("qad.config", function()
     assert.matches("grad_accum must be a whole number", err_of(qad.config, { grad_accum = 1.5 }))
     assert.matches("recalibrate must be a number of steps", err_of(qad.config, { recalibrate = true }))
     assert.matches("sft_mask must be true or false", err_of(qad.config, { sft_mask = "yes" }))
+    assert.matches("lr_scale_unquantized must be >= 0", err_of(qad.config, { lr_scale_unquantized = -2 }))
     assert.matches("unknown key 'stepz' %(did you mean 'steps'%?%)", err_of(qad.config, { stepz = 3 }))
   end)
 end)

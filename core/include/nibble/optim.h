@@ -40,6 +40,9 @@ void nb_adamw_free(nb_adamw *opt);
 int32_t nb_adamw_count(const nb_adamw *opt);
 /* Per-parameter weight decay (e.g. 0 for norms and biases); default cfg.weight_decay. */
 nb_status nb_adamw_set_weight_decay(nb_ctx *ctx, nb_adamw *opt, int32_t i, double weight_decay);
+/* Per-parameter learning-rate multiplier (a torch param group whose lr is scale times the others'): the
+ * step's lr for parameter i is lr · scale, weight decay included; scale >= 0, default 1. */
+nb_status nb_adamw_set_lr_scale(nb_ctx *ctx, nb_adamw *opt, int32_t i, double scale);
 
 /* One step with learning rate lr (lr < 0: cfg.lr). grads[i] is the f32 gradient of params[i], same number of
  * elements, or NULL to skip that parameter. */

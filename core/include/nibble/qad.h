@@ -51,6 +51,9 @@ typedef struct nb_qad_cfg {
     int64_t recalibrate;        /* 0 (default): quantizer scales stay frozen; N > 0: after every N-th step
                                    re-run the weight calibration with recalib (weight-only students only) */
     nb_calib_config recalib;    /* method for recalibrate; default max */
+    double lr_scale_unquantized;/* learning-rate multiplier of the trained parameters no enabled weight
+                                   quantizer covers (embeddings, norms, layers left in full precision: a
+                                   second AdamW param group); >= 0, default 1 (one lr for all, as ModelOpt) */
 } nb_qad_cfg;
 
 typedef struct nb_qad_metrics {

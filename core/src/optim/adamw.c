@@ -16,7 +16,7 @@ struct nb_adamw {
     int32_t n;
     nb_tensor **params, **m, **v;
     int64_t *step;
-    double *wd;
+    double *wd, *lr_scale;
 };
 
 void nb_adamw_cfg_init(nb_adamw_cfg *cfg) {
@@ -61,6 +61,7 @@ void nb_adamw_free(nb_adamw *opt) {
     nb_dealloc(ctx, opt->v, n * sizeof(nb_tensor *));
     nb_dealloc(ctx, opt->step, n * sizeof(int64_t));
     nb_dealloc(ctx, opt->wd, n * sizeof(double));
+    nb_dealloc(ctx, opt->lr_scale, n * sizeof(double));
     nb_dealloc(ctx, opt, sizeof *opt);
     nb_ctx_release(ctx);
 }
@@ -88,12 +89,14 @@ nb_status nb_adamw_new(nb_ctx *ctx, const nb_adamw_cfg *cfg, int32_t n, nb_tenso
     o->v = nb_alloc(ctx, cnt * sizeof(nb_tensor *));
     o->step = nb_alloc(ctx, cnt * sizeof(int64_t));
     o->wd = nb_alloc(ctx, cnt * sizeof(double));
-    if (!o->params || !o->m || !o->v || !o->step || !o->wd) { nb_adamw_free(o); return NB_ERR_NOMEM; }
+    o->lr_scale = nb_alloc(ctx, cnt * sizeof(double));
+    if (!o->params || !o->m || !o->v || !o->step || !o->wd || !o->lr_scale) { nb_adamw_free(o); return NB_ERR_NOMEM; }
     o->n = n;
     for (int32_t i = 0; i < n; i++) {
         nb_tensor_retain(params[i]);
         o->params[i] = params[i];
         o->wd[i] = c.weight_decay;
+        o->lr_scale[i] = 1.0;
         int64_t numel = nb_tensor_numel(params[i]);
         if ((s = nb_tensor_new(ctx, NB_F32, 1, &numel, &o->m[i])) || (s = nb_tensor_new(ctx, NB_F32, 1, &numel, &o->v[i]))) {
             nb_adamw_free(o);
@@ -111,6 +114,13 @@ nb_status nb_adamw_set_weight_decay(nb_ctx *ctx, nb_adamw *opt, int32_t i, doubl
     if (!(weight_decay >= 0.0) || !isfinite(weight_decay))
         return nb_fail(ctx, NB_ERR_INVALID, "adamw: weight_decay must be >= 0, got %g", weight_decay);
     opt->wd[i] = weight_decay;
+    return NB_OK;
+}
+
+nb_status nb_adamw_set_lr_scale(nb_ctx *ctx, nb_adamw *opt, int32_t i, double scale) {
+    if (i < 0 || i >= opt->n) return nb_fail(ctx, NB_ERR_INVALID, "adamw: param index %d out of range [0, %d)", (int)i, (int)opt->n);
+    if (!(scale >= 0.0) || !isfinite(scale)) return nb_fail(ctx, NB_ERR_INVALID, "adamw: lr scale must be >= 0, got %g", scale);
+    opt->lr_scale[i] = scale;
     return NB_OK;
 }
 
@@ -162,10 +172,11 @@ nb_status nb_adamw_step(nb_ctx *ctx, nb_adamw *opt, const nb_tensor *const *grad
     for (int32_t i = 0; i < opt->n; i++) {
         if (!grads[i]) continue;
         int64_t t = ++opt->step[i];
+        const double lr_i = opt->lr_scale[i] == 1.0 ? lr : lr * opt->lr_scale[i];   /* its param group's lr */
         /* Python-float arithmetic of torch's _single_tensor_adam, then the scalar -> f32 casts of its kernels */
         double bc1 = 1.0 - pow(b1, (double)t);
         double bc2 = 1.0 - pow(b2, (double)t);
-        double step_size = lr / bc1;
+        double step_size = lr_i / bc1;
         double bc2s = pow(bc2, 0.5);
         step_job J;
         J.p = nb_tensor_data(opt->params[i]);
@@ -173,7 +184,7 @@ nb_status nb_adamw_step(nb_ctx *ctx, nb_adamw *opt, const nb_tensor *const *grad
         J.v = nb_tensor_data(opt->v[i]);
         J.g = nb_tensor_data(grads[i]);
         J.do_wd = opt->wd[i] != 0.0;
-        J.wdmul = (float)(1.0 - lr * opt->wd[i]);
+        J.wdmul = (float)(1.0 - lr_i * opt->wd[i]);
         J.w = (float)(1.0 - b1);
         J.lerp_small = fabsf(J.w) < 0.5f;
         J.b2 = (float)b2;

@@ -27,6 +27,7 @@ void nb_qad_cfg_init(nb_qad_cfg *c) {
     c->sft_mask = 1;
     c->recalibrate = 0;
     nb_calib_config_init(&c->recalib, NB_CALIB_MAX);
+    c->lr_scale_unquantized = 1.0;
 }
 
 static double now_s(void) {
@@ -49,7 +50,30 @@ static nb_status check_cfg(nb_ctx *ctx, const nb_qad_cfg *c) {
     if (!isfinite(c->clip)) return nb_fail(ctx, NB_ERR_INVALID, "qad: clip must be finite (<= 0 turns clipping off)");
     if (!(c->weight_decay >= 0.0)) return nb_fail(ctx, NB_ERR_INVALID, "qad: weight_decay must be >= 0");
     if (c->recalibrate < 0) return nb_fail(ctx, NB_ERR_INVALID, "qad: recalibrate must be >= 0 (0 keeps scales frozen)");
+    if (!(c->lr_scale_unquantized >= 0.0) || !isfinite(c->lr_scale_unquantized))
+        return nb_fail(ctx, NB_ERR_INVALID, "qad: lr_scale_unquantized must be a finite number >= 0");
     return NB_OK;
+}
+
+/* The unquantized parameters' lr multiplier: every parameter except the weights of linear modules with an
+ * enabled weight quantizer. */
+static nb_status set_unquantized_lr(nb_ctx *ctx, nb_qad *q) {
+    const int32_t n = q->n;
+    uint8_t *quantized = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!quantized) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (qad)");
+    nb_status s = NB_OK;
+    for (int64_t i = 0; i < nb_qmodel_count(q->qm); i++) {
+        nb_quantizer *wq = nb_qmodel_weight_quantizer(q->qm, i);
+        if (!wq || !nb_quantizer_enabled(wq)) continue;
+        int64_t mi = nb_model_find_module(q->sm, nb_qmodel_name(q->qm, i));
+        nb_linear_info li;
+        if (mi < 0 || (s = nb_model_linear_info(ctx, q->sm, mi, &li))) break;
+        if (li.weight_param >= 0 && li.weight_param < n) quantized[li.weight_param] = 1;
+    }
+    for (int32_t i = 0; !s && i < n; i++)
+        if (!quantized[i]) s = nb_adamw_set_lr_scale(ctx, q->opt, i, q->cfg.lr_scale_unquantized);
+    free(quantized);
+    return s;
 }
 
 /* A student with input quantizers cannot recalibrate from the weights alone. */
@@ -145,6 +169,7 @@ nb_status nb_qad_new(nb_ctx *ctx, const nb_qad_cfg *cfg, nb_model *teacher, nb_q
     /* no decay on norms and biases (1-D), as HF's Trainer does */
     for (int32_t i = 0; !s && i < q->n; i++)
         if (nb_model_param(sm, i)->ndim < 2) s = nb_adamw_set_weight_decay(ctx, q->opt, i, 0.0);
+    if (!s && cfg->lr_scale_unquantized != 1.0) s = set_unquantized_lr(ctx, q);
     if (s) { nb_qad_free(q); return s; }
     *out = q;
     return NB_OK;

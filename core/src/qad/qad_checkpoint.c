@@ -32,6 +32,11 @@ char *nb_qad_settings_text(const nb_qad *q) {
              (int)c->loss.lm_loss, c->loss.kd_loss_scale, (int)c->loss.ignore_index, c->steps, c->lr, c->min_lr,
              c->warmup, (int)c->grad_accum, c->clip, c->weight_decay, c->beta1, c->beta2, c->eps, (int)c->sft_mask,
              c->recalibrate, (int)c->recalib.method, (int)q->n);
+    /* only when set: checkpoints written before this setting existed still resume */
+    if (c->lr_scale_unquantized != 1.0) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, 2048 - len, "lr_scale_unquantized=%.17g\n", c->lr_scale_unquantized);
+    }
     return buf;
 }
 
