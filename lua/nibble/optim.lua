@@ -66,6 +66,11 @@ function Adam:set_weight_decay(i, wd)
   check(C.nb_adamw_set_weight_decay(nibble.ctx, self.opt, index(self, i), wd))
 end
 
+-- set_lr_scale(i, s): parameter i steps at lr * s (a param group of its own).
+function Adam:set_lr_scale(i, s)
+  check(C.nb_adamw_set_lr_scale(nibble.ctx, self.opt, index(self, i), s))
+end
+
 -- step(grads [, lr]): grads[i] for params[i] (nil or false: skip that parameter this step).
 function Adam:step(grads, lr)
   if type(grads) ~= "table" then fail("optim: step needs a list of gradients") end

@@ -244,5 +244,20 @@ describe("nibble.optim", function()
     assert.truthy(e:find("grad 0 has 4 elements, param has 3", 1, true), e)
     e = err_of(opt.state, opt, 2)
     assert.truthy(e:find("parameter index 2 out of range 1..1", 1, true), e)
+    e = err_of(opt.set_lr_scale, opt, 1, -1)
+    assert.truthy(e:find("lr scale must be >= 0, got -1", 1, true), e)
+  end)
+
+  it("steps a parameter with its own lr scale as at lr * scale", function()
+    local a, b = nibble.tensor { 1, -2, 3 }, nibble.tensor { 1, -2, 3 }
+    local oa, ob = nibble.optim.adamw({ a }, { weight_decay = 0.1 }), nibble.optim.adamw({ b }, { weight_decay = 0.1 })
+    oa:set_lr_scale(1, 4)
+    local g = nibble.tensor { 0.5, 0.25, -1 }
+    for _ = 1, 2 do
+      oa:step({ g }, 1e-2)
+      ob:step({ g }, 4e-2)
+    end
+    assert.are.same(b:totable(), a:totable())
+    assert.are_not.same({ 1, -2, 3 }, a:totable())
   end)
 end)
