@@ -474,8 +474,6 @@ static void test_lr_groups(nb_ctx *ctx) {
     nb_qad_cfg cfg;
     qad_config(&cfg);
     cfg.lr_scale_unquantized = -1;
-    session S;
-    memset(&S, 0, sizeof S);
     nb_model *teacher = make_model(ctx), *sm = make_model(ctx);
     nb_qmodel *qm = make_student(ctx, sm, 0);
     nb_qad *q = NULL;
