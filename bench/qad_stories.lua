@@ -83,20 +83,21 @@ if arg.lm_loss == "1" then config.lm_loss, config.kd_loss_scale = true, n("kd_lo
 -- KLD rows stay against the teacher itself. bench/README.md says how T was fit on the training rows.
 local tt = n("teacher_temperature", 1)
 local norm_w = teacher:param("model.norm.weight")
-local norm_saved = tt ~= 1 and nibble.zeros("f32", norm_w.shape)
-local function teacher_scale(f)   -- f ~= 1: divide the logits by 1/f; f == 1: the saved weights back
+local norm_saved = nibble.zeros("f32", norm_w.shape)
+local nbytes = 4 * norm_w:numel()
+local function teacher_soften()    -- the logits / tt (the weights saved first)
   local d = norm_w:data("float *")
-  if f == 1 then return require("ffi").copy(d, norm_saved:data("float *"), 4 * norm_w:numel()) end
-  require("ffi").copy(norm_saved:data("float *"), d, 4 * norm_w:numel())
-  for i = 0, norm_w:numel() - 1 do d[i] = d[i] * f end
+  require("ffi").copy(norm_saved:data("float *"), d, nbytes)
+  for i = 0, norm_w:numel() - 1 do d[i] = d[i] * (1 / tt) end
 end
+local function teacher_restore() require("ffi").copy(norm_w:data("float *"), norm_saved:data("float *"), nbytes) end
 local run = qad.new { teacher = teacher, student = qm, loader = loader, config = config }
 if not arg.quick then row("PTQ (NVFP4 W4A16 max)", student) end
 if tr_ids then row("PTQ, on training text", student, tr_ids) end
 local mf = arg.metrics and io.open(arg.metrics, "wb")
-if tt ~= 1 then teacher_scale(1 / tt) end
+if tt ~= 1 then teacher_soften() end
 local tr = qad.train(run, { record = function(t) if mf then mf:write(qad.json_line(t), "\n") end end })
-if tt ~= 1 then teacher_scale(1) end
+if tt ~= 1 then teacher_restore() end
 if mf then mf:close() end
 row("QAD (trained scales)", student)
 if tr_ids then row("QAD, on training text", student, tr_ids) end

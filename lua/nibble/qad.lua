@@ -55,7 +55,8 @@ end
 -- config(t [, algorithm]): an nb_qad_cfg from a recipe's distill table (loss keys as nibble.distill.config;
 -- steps, lr, min_lr, warmup, grad_accum, clip, weight_decay, sft_mask, recalibrate = N steps (false/0: scales
 -- frozen), beta1, beta2, eps, lr_scale_unquantized = the lr multiplier of the parameters no weight quantizer
--- covers: embeddings, norms, layers left in full precision). algorithm: the calibration method recalibrate re-runs (default "max").
+-- covers: embeddings, norms, layers left in full precision). algorithm: the calibration method recalibrate
+-- re-runs (default "max").
 function Q.config(t, algorithm)
   if ffi.istype("nb_qad_cfg", t) then return t end
   t = t or {}

@@ -172,7 +172,7 @@ nb_status nb_adamw_step(nb_ctx *ctx, nb_adamw *opt, const nb_tensor *const *grad
     for (int32_t i = 0; i < opt->n; i++) {
         if (!grads[i]) continue;
         int64_t t = ++opt->step[i];
-        const double lr_i = opt->lr_scale[i] == 1.0 ? lr : lr * opt->lr_scale[i];   /* its param group's lr */
+        const double lr_i = lr * opt->lr_scale[i];   /* its param group's lr (exactly lr at scale 1) */
         /* Python-float arithmetic of torch's _single_tensor_adam, then the scalar -> f32 casts of its kernels */
         double bc1 = 1.0 - pow(b1, (double)t);
         double bc2 = 1.0 - pow(b2, (double)t);

@@ -491,10 +491,7 @@ NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n
                                       const nbq_nv_table *tab, uint8_t *q, uint8_t *s) {
     if (!tab || (f != NB_FMT_NVFP4 && f != NB_FMT_NVFP4_46)) return 1;
     const int pick = f == NB_FMT_NVFP4_46 && !a->block_amax;   /* the per-block pick */
-    if (pick) {   /* the table must be the pick's own s2 (the driver's); else the f32 rows */
-        const float s46 = nb_nvfp4_scale2(a->global_amax, 256.0f);
-        if (memcmp(&s46, &a->scale, sizeof s46) != 0) return 1;
-    }
+    if (pick && !nv46_table_fits(a)) return 1;   /* the f32 rows */
     const float norm = f == NB_FMT_NVFP4 ? 448.0f : 256.0f;
     const int64_t nb = n / NB_NVFP4_BLOCK;
     if (nb >= 1 && nb < 16) {
@@ -515,21 +512,14 @@ NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n
     __m256i vm = _mm256_setzero_si256();
     uint32_t worst;   /* the largest magnitude pattern seen (>= 0x7F80: NaN/Inf) */
     int64_t g;
-    if (pick) {
-        g = nv46_pick_groups(x, n, a, tab, q, s, &vm);
-        uint32_t t[8];
-        _mm256_storeu_si256((__m256i *)t, vm);
-        worst = 0;
-        for (int k = 0; k < 8; k++) worst = t[k] > worst ? t[k] : worst;
-        worst >>= 16;
-    } else if (a->block_amax) {
+    if (a->block_amax) {
         g = nv_tab_groups_stat(x, n, a, norm, tab, q, s, &vm);
         uint16_t t[16];
         _mm256_storeu_si256((__m256i *)t, vm);
         worst = 0;
         for (int k = 0; k < 16; k++) worst = t[k] > worst ? t[k] : worst;
-    } else {
-        g = nv_tab_groups_dyn(x, n, a, norm, tab, q, s, &vm);
+    } else {   /* block maxima from the data (dword lanes, bf16 << 16) */
+        g = pick ? nv46_pick_groups(x, n, a, tab, q, s, &vm) : nv_tab_groups_dyn(x, n, a, norm, tab, q, s, &vm);
         uint32_t t[8];
         _mm256_storeu_si256((__m256i *)t, vm);
         worst = 0;

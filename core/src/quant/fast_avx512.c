@@ -268,14 +268,16 @@ NB_AVX512 static inline __m128i nv_pair_tab(const uint16_t *xb, const int16_t *r
     return nv_pack_codes(nv_pair_codes(_mm512_loadu_si512((const void *)xb), r0, r1, k), k);
 }
 
-/* Scale bytes (dword lanes) of blocks g..g+15 with maxima bam: nb_nvfp4_block_scale_dynamic, or
- * nb_nvfp4_block_scale_static from a->block_amax (r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6). */
+/* nb_nvfp4_block_scale_static of 16 block amaxes (dword lanes): r = f32(f32(pbs*norm) / f32(G/6)),
+ * pbs = amax_b/6. */
 NB_AVX512 static inline __m512i nv_static16(__m512 bam, float norm, float global_amax) {
     __m512 pbs = zero_to_one16(_mm512_div_ps(bam, _mm512_set1_ps(6.0f)));
     __m512 r = _mm512_mul_ps(pbs, _mm512_set1_ps(norm));
     return scale_e4m3_16(_mm512_div_ps(r, _mm512_set1_ps(global_amax / 6.0f)));
 }
 
+/* Scale bytes (dword lanes) of blocks g..g+15 with maxima bam: nb_nvfp4_block_scale_dynamic, or the
+ * static scale from a->block_amax. */
 NB_AVX512 static inline __m512i nv_scales16(__m512 bam, const nb_qrow_args *a, int64_t g, float norm, __m512 d6) {
     if (a->block_amax) return nv_static16(_mm512_loadu_ps(a->block_amax + g), norm, a->global_amax);
     return scale_e4m3_16(zero_to_one16(_mm512_div_ps(bam, d6)));
@@ -437,8 +439,9 @@ NB_AVX512 static inline __m512 nv46_pair_sse(__m512 xe, __m512 xo, __m512i c, __
  * sum (2^-20.1), and the reference's within 15 * 2^-53, so a difference beyond 2^-18 of the two sums
  * (2^-19 after the worst rounding of a subnormal threshold; sums below 2^-125 are exact anyway) orders
  * the reference's sums the same way. Two zero sums are a tie in any order (keep 6). Any other block (a
- * near-tie: 1 in 9300 blocks of bench_quant's Gaussian BF16 weight; an overflowed sum) goes to the reference, and so
- * does a group with a scale byte outside the table's run. Returns the blocks done (rows of at least 16 blocks; the last group overlaps). */
+ * near-tie: 1 in 9300 blocks of bench_quant's Gaussian BF16 weight; an overflowed sum) goes to the
+ * reference, and so does a group with a scale byte outside the table's run. Returns the blocks done (rows
+ * of at least 16 blocks; the last group overlaps). */
 NB_AVX512 static int64_t nv46_pick_groups512(const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                                              uint8_t *s, __m512i *vmax, const nbq_nv_table *tab) {
     const int64_t nb = n / NB_NVFP4_BLOCK;
@@ -470,36 +473,34 @@ NB_AVX512 static int64_t nv46_pick_groups512(const uint16_t *x, int64_t n, const
             nv46_ref_blocks(xg, 0xFFFF, a, qg, s + g);
             continue;
         }
-        {
-            _mm_storeu_si128((__m128i *)sb6a, _mm512_cvtepi32_epi8(sb6));
-            _mm_storeu_si128((__m128i *)sb4a, _mm512_cvtepi32_epi8(sb4));
-            const __m512 p6 = _mm512_mul_ps(e4m3_dec16(sb6), s2), p4 = _mm512_mul_ps(e4m3_dec16(sb4), s2);
-            __m512 f6[8], f4[8];
-            __m512i c6[8], c4[8];
-            for (int i = 0; i < 8; i++) {
-                const __m512i idx = _mm512_add_epi32(pair_idx, i32v(2 * i));
-                const __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v[i], 16));
-                const __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(v[i], i32v((int)0xFFFF0000u)));
-                c6[i] = nv_pair_codes(v[i], tab->row[sb6a[2 * i]], tab->row[sb6a[2 * i + 1]], &tk);
-                c4[i] = nv_pair_codes(v[i], tab->row[sb4a[2 * i]], tab->row[sb4a[2 * i + 1]], &tk);
-                f6[i] = nv46_pair_sse(xe, xo, c6[i], _mm512_permutexvar_ps(idx, p6), deq);
-                f4[i] = nv46_pair_sse(xe, xo, c4[i], _mm512_permutexvar_ps(idx, p4), deq);
-            }
-            const __m512 e6 = nv46_block_sums(f6), e4 = nv46_block_sums(f4);
-            const __m512 thr = _mm512_mul_ps(_mm512_add_ps(e4, e6), _mm512_set1_ps(0x1p-18f));
-            const __mmask16 pick4 = _mm512_cmp_ps_mask(_mm512_sub_ps(e6, e4), thr, _CMP_GT_OQ);
-            const __mmask16 keep6 = _mm512_cmp_ps_mask(_mm512_sub_ps(e4, e6), thr, _CMP_GT_OQ) |
-                                    (_mm512_cmp_ps_mask(e4, _mm512_setzero_ps(), _CMP_EQ_OQ) &
-                                     _mm512_cmp_ps_mask(e6, _mm512_setzero_ps(), _CMP_EQ_OQ));
-            _mm_storeu_si128((__m128i *)(s + g), _mm512_cvtepi32_epi8(_mm512_mask_mov_epi32(sb6, pick4, sb4)));
-            for (int i = 0; i < 8; i++) {
-                const __mmask32 m = (__mmask32)(((pick4 >> (2 * i)) & 1) ? 0xFFFFu : 0u) |
-                                    (__mmask32)(((pick4 >> (2 * i + 1)) & 1) ? 0xFFFF0000u : 0u);
-                _mm_storeu_si128((__m128i *)(qg + 16 * i), nv_pack_codes(_mm512_mask_mov_epi16(c6[i], m, c4[i]), &tk));
-            }
-            const __mmask16 undecided = (__mmask16)~(pick4 | keep6);
-            if (__builtin_expect(undecided != 0, 0)) nv46_ref_blocks(xg, undecided, a, qg, s + g);
+        _mm_storeu_si128((__m128i *)sb6a, _mm512_cvtepi32_epi8(sb6));
+        _mm_storeu_si128((__m128i *)sb4a, _mm512_cvtepi32_epi8(sb4));
+        const __m512 p6 = _mm512_mul_ps(e4m3_dec16(sb6), s2), p4 = _mm512_mul_ps(e4m3_dec16(sb4), s2);
+        __m512 f6[8], f4[8];
+        __m512i c6[8], c4[8];
+        for (int i = 0; i < 8; i++) {
+            const __m512i idx = _mm512_add_epi32(pair_idx, i32v(2 * i));
+            const __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v[i], 16));
+            const __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(v[i], i32v((int)0xFFFF0000u)));
+            c6[i] = nv_pair_codes(v[i], tab->row[sb6a[2 * i]], tab->row[sb6a[2 * i + 1]], &tk);
+            c4[i] = nv_pair_codes(v[i], tab->row[sb4a[2 * i]], tab->row[sb4a[2 * i + 1]], &tk);
+            f6[i] = nv46_pair_sse(xe, xo, c6[i], _mm512_permutexvar_ps(idx, p6), deq);
+            f4[i] = nv46_pair_sse(xe, xo, c4[i], _mm512_permutexvar_ps(idx, p4), deq);
         }
+        const __m512 e6 = nv46_block_sums(f6), e4 = nv46_block_sums(f4);
+        const __m512 thr = _mm512_mul_ps(_mm512_add_ps(e4, e6), _mm512_set1_ps(0x1p-18f));
+        const __mmask16 pick4 = _mm512_cmp_ps_mask(_mm512_sub_ps(e6, e4), thr, _CMP_GT_OQ);
+        const __mmask16 keep6 = _mm512_cmp_ps_mask(_mm512_sub_ps(e4, e6), thr, _CMP_GT_OQ) |
+                                (_mm512_cmp_ps_mask(e4, _mm512_setzero_ps(), _CMP_EQ_OQ) &
+                                 _mm512_cmp_ps_mask(e6, _mm512_setzero_ps(), _CMP_EQ_OQ));
+        _mm_storeu_si128((__m128i *)(s + g), _mm512_cvtepi32_epi8(_mm512_mask_mov_epi32(sb6, pick4, sb4)));
+        for (int i = 0; i < 8; i++) {
+            const __mmask32 m = (__mmask32)(((pick4 >> (2 * i)) & 1) ? 0xFFFFu : 0u) |
+                                (__mmask32)(((pick4 >> (2 * i + 1)) & 1) ? 0xFFFF0000u : 0u);
+            _mm_storeu_si128((__m128i *)(qg + 16 * i), nv_pack_codes(_mm512_mask_mov_epi16(c6[i], m, c4[i]), &tk));
+        }
+        const __mmask16 undecided = (__mmask16)~(pick4 | keep6);
+        if (__builtin_expect(undecided != 0, 0)) nv46_ref_blocks(xg, undecided, a, qg, s + g);
     }
     *vmax = vm;
     return nb;
@@ -804,10 +805,7 @@ NB_AVX512 static int row_status(__m512i vmax, const uint16_t *x, int64_t from, i
 NB_AVX512 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
                                           const nbq_nv_table *tab, uint8_t *q, uint8_t *s) {
     const int pick = f == NB_FMT_NVFP4_46 && !a->block_amax;   /* the per-block pick */
-    if (pick) {   /* the table must be the pick's own s2 (the driver's); else the f32 rows */
-        const float s46 = nb_nvfp4_scale2(a->global_amax, 256.0f);
-        if (!tab || memcmp(&s46, &a->scale, sizeof s46) != 0) return 1;
-    }
+    if (pick && (!tab || !nv46_table_fits(a))) return 1;   /* the f32 rows */
     float tail[512];
     __m512i vmax = _mm512_setzero_si512();
     const float norm = f == NB_FMT_NVFP4 ? 448.0f : 256.0f;

@@ -399,6 +399,13 @@ static inline void nv_block_ref(const uint16_t *x, float p, uint8_t *q) {
     }
 }
 
+/* Whether the pick kernels can take a's row: the threshold table the driver builds for a->scale holds
+ * both candidates' codes only when that is the pick's own s2, G / 1536. */
+static inline int nv46_table_fits(const nb_qrow_args *a) {
+    const float s46 = nb_nvfp4_scale2(a->global_amax, 256.0f);
+    return memcmp(&s46, &a->scale, sizeof s46) == 0;
+}
+
 /* The blocks in mask (bit b: block b) of a 16-block BF16 group, four_over_six with the per-block pick
  * from the data, by the reference row (its own block max and pick): the pick kernels' rare blocks. */
 __attribute__((noinline)) static void nv46_ref_blocks(const uint16_t *xg, unsigned mask, const nb_qrow_args *a,

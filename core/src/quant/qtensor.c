@@ -620,9 +620,8 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
         j.bf16_next = nbq_avx2_fp8_row_next_bf16;
     }
     nbq_nv_table *tab = NULL;
-    /* NVFP4 and static NVFP4_46 (the per-block pick has no fixed divisors per scale byte): on the
-     * "avx512" path the BF16 kernel, on the "avx2" path (installed AVX2 rows) the AVX2 one */
-    /* every NVFP4 case, four_over_six's per-block pick included (both candidates' codes from the table) */
+    /* every NVFP4 case, four_over_six's per-block pick included (both candidates' codes from the table):
+     * on the "avx512" path the BF16 kernel, on the "avx2" path (installed AVX2 rows) the AVX2 one */
     int tab_fmt = nbq_is_nvfp4(p->format);
     int avx2tab = !j.bf16 && tab_fmt && xc->dtype == NB_BF16 && nbq_avx2_nv_table_for(p->format);
     if ((j.bf16 || avx2tab) && tab_fmt && plan.rows * plan.n >= ((int64_t)1 << 20) &&
