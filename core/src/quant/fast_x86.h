@@ -407,9 +407,10 @@ static inline int nv46_table_fits(const nb_qrow_args *a) {
 }
 
 /* The blocks in mask (bit b: block b) of a 16-block BF16 group, four_over_six with the per-block pick
- * from the data, by the reference row (its own block max and pick): the pick kernels' rare blocks. */
-__attribute__((noinline)) static void nv46_ref_blocks(const uint16_t *xg, unsigned mask, const nb_qrow_args *a,
-                                                      uint8_t *qg, uint8_t *sg) {
+ * from the data, by the reference row (its own block max and pick): the pick kernels' rare blocks.
+ * Not inline, so `unused` for the includers without a pick kernel (fast_avx2.c). */
+__attribute__((noinline, unused)) static void nv46_ref_blocks(const uint16_t *xg, unsigned mask, const nb_qrow_args *a,
+                                                              uint8_t *qg, uint8_t *sg) {
     nb_qrow_args t = *a;
     t.block_amax = NULL;
     for (int b = 0; b < 16; b++) {
