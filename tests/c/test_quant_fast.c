@@ -3,15 +3,12 @@
  * on random and adversarial rows (zeros, -0, exact E2M1/E4M3 ties, huge, tiny, subnormal, blocks
  * whose scale underflows FP8, NaN-producing zero scales), static and dynamic, the AVX-512 BF16
  * kernels and the AVX2 NVFP4 threshold-table kernel on the same kinds of rows and on every bf16
- * pattern (the AVX2 one on AVX2-only CPUs too), NVFP4 rows that are not whole kernel groups (the
- * overlapping last group, the zero-padded short rows; every kernel, with guard bytes), and the
- * drivers end to end with every path (odd row counts, rows that are not whole kernel groups, the
- * one-pass NaN/Inf and zero-row errors, nb_quantize_into). Prints which path the dispatcher chose. */
-#include "nbtest.h"
-#include <stdint.h>
-
-#include "nibble/quant_fast.h"
-#include "quant/fast_internal.h"
+ * pattern (the AVX2 one on AVX2-only CPUs too), the AVX2 MXFP8 / FP8 BF16 kernels' edges and row
+ * tails, and the drivers end to end with every path (odd row counts, rows that are not whole kernel
+ * groups, the one-pass NaN/Inf and zero-row errors, nb_quantize_into). Prints which path the
+ * dispatcher chose. The NVFP4 BF16 kernels' own cases (four_over_six's pick, mixed table groups, rows
+ * that are not whole groups, the NVFP4 drivers) are in test_quant_fast_nvfp4.c. */
+#include "quant_fast_common.h"
 
 /* ---- element kernels ------------------------------------------------------------------------------ */
 
@@ -158,41 +155,6 @@ static void test_mx_scale(void) {
 
 /* ---- rows -------------------------------------------------------------------------------------------- */
 
-enum { KINDS = 12 };
-
-/* One block (len elements) of a given kind; t = exponent that makes the "tie" kinds exact. */
-static void gen_block(float *x, int len, int kind, int t) {
-    double sc = ldexp(1.0, (int)(nbt_unif() * 60) - 30);
-    for (int i = 0; i < len; i++) {
-        double v;
-        switch (kind) {
-        case 0: v = nb_rng_normal(&nbt_rng) * sc; break;                                  /* plain */
-        case 1: v = 0.0; break;                                                       /* zero block */
-        case 2: v = (i & 1) ? -0.0 : -(double)ldexpf(1.0f, -149) * (nbt_rnd32() % 4); break;  /* -0 / subnormal negatives */
-        case 3: v = ldexp((double)((int)(nbt_rnd32() % 49) - 24) * 0.25, t); break;        /* E2M1 ties at p = 2^t */
-        case 4: v = nb_rng_normal(&nbt_rng) * 1e30; break;                                /* huge */
-        case 5: v = nb_rng_normal(&nbt_rng) * 1e-39; break;                               /* subnormal */
-        case 6: v = nb_rng_normal(&nbt_rng) * 1e-20; break;                               /* tiny: FP8 scale underflow */
-        case 7: v = (double)nbt_u2f(nbt_rnd32() & 0x807FFFFFu); break;                        /* raw subnormal patterns */
-        case 8: v = (double)nb_e4m3_to_f32((uint8_t)(nbt_rnd32() % 0x7E)) * ((nbt_rnd32() & 1) ? 1.5 : 1.0) *
-                    ((nbt_rnd32() & 1) ? -1 : 1) * ldexp(1.0, (int)(nbt_rnd32() % 8) - 4); break;  /* E4M3 grid and midpoints */
-        case 9: v = (double)nbt_u2f((nbt_rnd32() & 0x80000000u) | (nbt_rnd32() % 0x7F7FFFFFu)); break;   /* any finite pattern */
-        case 10: v = (nbt_rnd32() & 1) ? 3.4028235e38 : -3.4028235e38; break;            /* FLT_MAX */
-        default: v = (double)(int)(nbt_rnd32() % 13 - 6) * sc; break;                      /* small integers */
-        }
-        x[i] = (float)v;
-    }
-    if (kind == 3) x[nbt_rnd32() % (unsigned)len] = (float)ldexp(6.0, t) * ((nbt_rnd32() & 1) ? 1.0f : -1.0f);
-}
-
-static void gen_row(float *x, int64_t n, int block, int row_kind, int t) {
-    for (int64_t b = 0; b < n / block; b++) {
-        int kind = row_kind >= 0 ? row_kind : (int)(nbt_rnd32() % KINDS);
-        gen_block(x + b * block, block, kind, t);
-    }
-    for (int64_t i = (n / block) * block; i < n; i++) x[i] = (float)nb_rng_normal(&nbt_rng);
-}
-
 /* h/x = the 4096 bf16 patterns base .. base + 4095, Inf/NaN patterns replaced by a signed zero. */
 static void bf16_patterns(uint32_t base, uint16_t *h, float *x) {
     for (int64_t i = 0; i < 4096; i++) {
@@ -200,12 +162,6 @@ static void bf16_patterns(uint32_t base, uint16_t *h, float *x) {
         h[i] = (v & 0x7F80) == 0x7F80 ? (uint16_t)(v & 0x8000) : v;
         x[i] = nb_bf16_to_f32(h[i]);
     }
-}
-
-static float row_absmax(const float *x, int64_t n) {
-    float m = 0.0f;
-    for (int64_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
-    return m;
 }
 
 typedef struct row_case {
@@ -262,13 +218,6 @@ static void compare_row(const row_case *rc, const float *x, int64_t n, const nb_
     }
     n_rows_checked++;
     free(q0); free(q1); free(s0); free(s1); free(y0); free(y1);
-}
-
-/* The row kind of a trial whose lengths cycle with period nlens: each length meets every kind in
- * turn, and mixed-block rows (-1) four times in KINDS + 4. */
-static int trial_kind(int trial, int nlens) {
-    int kind = (trial / nlens) % (KINDS + 4) - 4;
-    return kind < 0 ? -1 : kind;
 }
 
 static const int64_t NV_LENS[] = {16, 48, 128, 144, 256, 400, 1024, 2064, 4480, 8208};   /* > 4096: several pass-1 chunks */
@@ -398,45 +347,13 @@ static void test_fp8_rows(void) {
 
 /* ---- BF16-input kernels: AVX-512 (when the CPU has it) and the AVX2 NVFP4 threshold table ------- */
 
-static int HAVE512 = 0;   /* nbq_cpu_has_avx512(): the AVX-512 kernels run only then */
-
-/* A generated row rounded to bf16 (what the kernels read), finite values only; f keeps it as f32. */
-static void bf16_row(float *f, uint16_t *h, int64_t n, int block, int kind, int t) {
-    gen_row(f, n, block, kind, t);
-    for (int64_t i = 0; i < n; i++) {
-        h[i] = nb_f32_to_bf16(f[i]);
-        if ((h[i] & 0x7F80) == 0x7F80) h[i] = (uint16_t)((h[i] & 0x8000) | 0x7F7F);   /* inf after rounding: FLT_MAX-ish */
-        f[i] = nb_bf16_to_f32(h[i]);
-    }
-}
-
-static int64_t n_bf16_rows = 0, n_avx2_tab_rows = 0, n_avx2_bf16_rows = 0, n_mx512_rows = 0;
+static int64_t n_avx2_bf16_rows = 0, n_mx512_rows = 0;   /* n_bf16_rows, n_avx2_tab_rows: quant_fast_common.h */
 
 /* Whether nbq_avx2_quantize_bf16 takes these arguments (else it must answer 1: the f32 row). */
 static int avx2_bf16_handles(nb_qformat f, const nb_qrow_args *a) {
     if (f == NB_FMT_MXFP8) return 1;
     if (f != NB_FMT_FP8_TENSOR && f != NB_FMT_FP8_CHANNEL) return 0;
     return (a->div_dtype == NB_F32 || a->div_dtype == NB_BF16) && a->scale >= 0x1p-100f && a->scale <= 0x1p100f;
-}
-
-enum { GUARD = 64 };   /* bytes past a kernel's outputs, prefilled too: a byte written past the row shows */
-
-/* The kernel's outputs and the guard bytes past them to 0xEE: a byte the kernel forgets to write shows. */
-static void prefill_out(uint8_t *q1, int64_t qb, uint8_t *s1, int64_t sbn) {
-    memset(q1, 0xEE, (size_t)(qb + GUARD));
-    memset(s1, 0xEE, (size_t)(sbn + GUARD));
-}
-
-/* A kernel's data (and scales, s1 set) against the reference's, and its guard bytes untouched. */
-static void check_bf16_out(const char *fmt_name, const char *kernel, const uint8_t *q0, const uint8_t *q1, int64_t qb,
-                           const uint8_t *s0, const uint8_t *s1, int64_t sbn, const char *mode, int64_t n, float scale) {
-    uint8_t ee[GUARD];
-    memset(ee, 0xEE, sizeof ee);
-    CHECK_SAME(fmt_name, q0, q1, qb, "%s data, %s n=%lld scale=%a", kernel, mode, (long long)n, (double)scale);
-    CHECK_SAME(fmt_name, ee, q1 + qb, GUARD, "%s data written past the row, %s n=%lld", kernel, mode, (long long)n);
-    if (!s1) return;
-    CHECK_SAME(fmt_name, s0, s1, sbn, "%s scales, %s n=%lld scale=%a", kernel, mode, (long long)n, (double)scale);
-    CHECK_SAME(fmt_name, ee, s1 + sbn, GUARD, "%s scales written past the row, %s n=%lld", kernel, mode, (long long)n);
 }
 
 /* nbq_avx512_quantize_bf16 (with AVX-512) and, for MXFP8 / FP8, nbq_avx2_quantize_bf16 (every AVX2
@@ -475,107 +392,6 @@ static void compare_bf16(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, 
         }
     }
     free(q0); free(q1); free(s0); free(s1);
-}
-
-/* The NVFP4 threshold-table kernels (AVX-512, AVX2) against the reference (table built for a->scale). */
-static nbq_nv_table NVTAB;
-static void compare_nv_table(nb_qformat f, nb_qrow_quantize_fn ref, const float *x, const uint16_t *h, int64_t n,
-                             const nb_qrow_args *a, const char *mode) {
-    int64_t qb = n / 2, sbn = n / 16;
-    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = calloc((size_t)qb + 1, 1);
-    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = calloc((size_t)sbn + 1, 1);
-    nbq_nv_table_build(a->scale, &NVTAB);
-    ref(x, n, a, q0, s0);
-    if (HAVE512 && nbq_avx512_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1) == 0) {
-        CHECK_SAME("nvfp4 table", q0, q1, qb, "table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
-        CHECK_SAME("nvfp4 table", s0, s1, sbn, "table kernel scales, %s n=%lld", mode, (long long)n);
-        n_bf16_rows++;
-    }
-    memset(q1, 0xEE, (size_t)qb);
-    memset(s1, 0xEE, (size_t)sbn);
-    CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1), 0);
-    CHECK_SAME("nvfp4 table avx2", q0, q1, qb, "avx2 table kernel data, %s n=%lld s2=%a", mode, (long long)n, (double)a->scale);
-    CHECK_SAME("nvfp4 table avx2", s0, s1, sbn, "avx2 table kernel scales, %s n=%lld", mode, (long long)n);
-    n_avx2_tab_rows++;
-    free(q0); free(q1); free(s0); free(s1);
-}
-
-/* four_over_six's per-block pick by the table kernels (rows from test_bf16_kernels' generator,
- * the per-tensor amax at, above or far above the row's), the rows of 1-15 blocks it pads included, and
- * blocks built to reach each of its branches: a pick of 4, a keep of 6, an exact tie of two nonzero
- * error sums (the reference keeps 6: the near-tie path), two zero sums, and huge values whose squared
- * errors overflow (the reference path). */
-static int64_t n_pick_rows = 0, n_pick_rows_avx2 = 0;
-static void compare_nv46_pick(const float *x, const uint16_t *h, int64_t n, float global_amax, const char *mode) {
-    nb_qrow_args a;
-    memset(&a, 0, sizeof a);
-    a.div_dtype = NB_F32;
-    a.global_amax = global_amax;
-    a.scale = nb_nvfp4_scale2(global_amax, 256.0f);
-    int64_t before = n_bf16_rows, before2 = n_avx2_tab_rows;
-    compare_nv_table(NB_FMT_NVFP4_46, nb_nvfp4_46_quantize_row_ref, x, h, n, &a, mode);
-    n_pick_rows += n_bf16_rows - before;
-    n_pick_rows_avx2 += n_avx2_tab_rows - before2;
-    /* another s2 than the pick's own: not these kernels' case */
-    uint8_t q[8], sc[1];
-    a.scale = a.scale * 2.0f;
-    if (a.scale > 0.0f) {
-        if (HAVE512) CHECK_EQ_INT(nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 16, &a, &NVTAB, q, sc), 1);
-        CHECK_EQ_INT(nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4_46, h, 16, &a, &NVTAB, q, sc), 1);
-    }
-}
-
-static void test_nv46_pick(void) {
-    enum { N = 4096 };
-    float *x = malloc(N * 4);
-    uint16_t *h = malloc(N * 2);
-    static const int64_t lens[] = {16, 64, 240, 256, 288, 576, 896, 4096};
-    for (int trial = 0; trial < 800; trial++) {
-        int64_t n = lens[trial % 8];
-        int t = (int)(nbt_rnd32() % 40) - 20;
-        bf16_row(x, h, n, 16, trial_kind(trial, 8), t);
-        float amax = row_absmax(x, n);
-        if (!(amax > 0.0f) || !isfinite(amax)) amax = 1.0f;
-        float g = trial % 3 == 0 ? amax : trial % 3 == 1 ? amax * (float)(1.0 + 3.0 * nbt_unif()) : amax * 0x1p20f;
-        compare_nv46_pick(x, h, n, isfinite(g) ? g : amax, "nvfp4_46 pick");
-    }
-    /* G = 1536 gives s2 = 1. Block 0: max 4 -> p6 = e4m3(4/6) = 0.6875, p4 = 1: 4 is exact on 4's grid,
-     * 4.125 on 6's: pick 4. Block 1: max 6 -> p6 = 1, p4 = 1.5; 0.75 is 0.5 + a tie (RNE to 1.0, error
-     * 0.25) on 6's grid and exact on 4's, 1.0 the other way round: both sums 0.0625, keep 6. Block 2:
-     * 6 and 1.5, exact on both grids: two zero sums, keep 6. Block 3: 6 and 1.25: error 0.25 on 4's grid
-     * (1.25 / 1.5 -> 1.0 * 1.5 = 1.5), 0.25 on 6's (1.25 -> RNE 1.0): a tie again, 6. Blocks 4+: zeros. */
-    memset(x, 0, 64 * 16 * sizeof *x);
-    x[0] = 4.0f;
-    x[16] = 6.0f; x[17] = 0.75f; x[18] = 1.0f;
-    x[32] = 6.0f; x[33] = 1.5f;
-    x[48] = 6.0f; x[49] = -1.25f;
-    for (int i = 0; i < 64 * 16; i++) h[i] = nb_f32_to_bf16(x[i]);
-    uint8_t q0[512], s0[64];
-    nb_qrow_args a;
-    memset(&a, 0, sizeof a);
-    a.global_amax = 1536.0f;
-    a.scale = nb_nvfp4_scale2(1536.0f, 256.0f);
-    CHECK_EQ_INT(nbt_f2u(a.scale), nbt_f2u(1.0f));
-    nb_nvfp4_46_quantize_row_ref(x, 64 * 16, &a, q0, s0);
-    CHECK_EQ_INT(s0[0], 0x38);   /* 1.0: the block max on 4 */
-    CHECK_EQ_INT(s0[1], 0x38);   /* 1.0: the block max on 6 (the tie keeps 6) */
-    CHECK_EQ_INT(s0[2], 0x38);
-    CHECK_EQ_INT(s0[3], 0x38);
-    CHECK_EQ_INT(nb_nvfp4_46_pick_block(x, 4.0f, 1536.0f), 1);
-    CHECK_EQ_INT(nb_nvfp4_46_pick_block(x + 16, 6.0f, 1536.0f), 0);
-    CHECK_EQ_INT(nb_nvfp4_46_pick_block(x + 48, 6.0f, 1536.0f), 0);
-    for (int64_t n = 16; n <= 64 * 16; n *= 2) compare_nv46_pick(x, h, n, 1536.0f, "nvfp4_46 pick ties");
-    /* huge values: squared errors past FLT_MAX in both candidates */
-    for (int i = 0; i < 64 * 16; i++) x[i] = (i % 3 ? -1.0f : 1.0f) * 0x1p120f * (float)(1.0 + (i % 7) / 8.0);
-    for (int i = 0; i < 64 * 16; i++) h[i] = nb_f32_to_bf16(x[i]);
-    for (int i = 0; i < 64 * 16; i++) x[i] = nb_bf16_to_f32(h[i]);
-    compare_nv46_pick(x, h, 64 * 16, row_absmax(x, 64 * 16), "nvfp4_46 pick, overflowing errors");
-    if (HAVE512) CHECK(n_pick_rows > 700);
-    CHECK(n_pick_rows_avx2 > 700);
-    printf("four_over_six pick rows compared: %lld (AVX-512 table kernel), %lld (AVX2)\n", (long long)n_pick_rows,
-           (long long)n_pick_rows_avx2);
-    free(x);
-    free(h);
 }
 
 static void test_bf16_kernels(void) {
@@ -774,11 +590,6 @@ static void test_bf16_kernels(void) {
 
 /* ---- the AVX2 MXFP8 / FP8 BF16 kernels: edges the random rows rarely reach ----------------------- */
 /* (compare_bf16 runs the AVX-512 kernel on every one of these rows too, and requires MXFP8 to take them) */
-
-/* h[0, n) -> x as f32 (the reference's input). */
-static void bf16_to_f32_row(const uint16_t *h, int64_t n, float *x) {
-    for (int64_t i = 0; i < n; i++) x[i] = nb_bf16_to_f32(h[i]);
-}
 
 /* A random bf16 of magnitude at most mag (a pattern), random sign. */
 static uint16_t bf16_below(uint32_t mag) {
@@ -1029,50 +840,6 @@ static void test_bf16_row_tails(void) {
     free(h);
 }
 
-/* A 1024 x 4096 BF16 tensor of generated rows for the drivers (blocks of `block` elements; every fourth
- * row mixes block kinds, the others are plain at a scale that moves with the row), non-finite and huge
- * values replaced by 1. NULL when it cannot be made. */
-static nb_tensor *driver_tensor(nb_ctx *ctx, int block) {
-    const int64_t shape[2] = {1024, 4096};
-    nb_tensor *x = NULL;
-    CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shape, &x));
-    if (!x) return NULL;
-    uint16_t *h = nb_tensor_data(x);
-    for (int64_t r = 0; r < 1024; r++) {
-        float row[4096];
-        gen_row(row, 4096, block, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
-        for (int64_t i = 0; i < 4096; i++) h[r * 4096 + i] = nb_f32_to_bf16(isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f);
-    }
-    return x;
-}
-
-/* nb_quantize of x with `path` installed against the reference path: data, scales and the second-level
- * scale bit for bit, and with dq also nb_qtensor_dequantize of each (on its own path). `name` and
- * `what` label a failure. Leaves `path` installed. */
-static void check_quantize_path(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *path, int dq,
-                                const char *name, const char *what) {
-    nb_qtensor *q[2] = {NULL, NULL};
-    nb_tensor *d[2] = {NULL, NULL};
-    for (int k = 0; k < 2; k++) {   /* 0: path, 1: the reference */
-        CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, k ? "reference" : path));
-        CHECK_OK(ctx, nb_quantize(ctx, x, p, &q[k]));
-        if (dq && q[k]) CHECK_OK(ctx, nb_qtensor_dequantize(ctx, q[k], NB_F32, &d[k]));
-    }
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
-    if (q[0] && q[1]) {
-        CHECK_SAME(name, nb_tensor_data(q[0]->data), nb_tensor_data(q[1]->data), nb_tensor_nbytes(q[0]->data), "quantize data, %s, %s", what, path);
-        CHECK_SAME(name, nb_tensor_data(q[0]->scale), nb_tensor_data(q[1]->scale), nb_tensor_nbytes(q[0]->scale), "quantize scales, %s, %s", what, path);
-        CHECK_EQ_INT(!q[0]->scale2, !q[1]->scale2);
-        if (q[0]->scale2 && q[1]->scale2)
-            CHECK_EQ_INT(nbt_f2u(*(float *)nb_tensor_data(q[0]->scale2)), nbt_f2u(*(float *)nb_tensor_data(q[1]->scale2)));
-    }
-    if (d[0] && d[1]) CHECK_SAME(name, nb_tensor_data(d[0]), nb_tensor_data(d[1]), nb_tensor_nbytes(d[0]), "dequantize, %s, %s", what, path);
-    for (int k = 0; k < 2; k++) {
-        nb_qtensor_release(q[k]);
-        nb_tensor_release(d[k]);
-    }
-}
-
 /* FP8 (per tensor from the data with either division dtype, calibrated, per channel from the data and
  * calibrated) and MXFP8 (both rules) on a BF16 tensor of 4M elements with `path` installed, split over
  * the context's threads, against the reference path; a NaN in it is still named. */
@@ -1152,266 +919,6 @@ static void test_channel_next_rows(nb_ctx *ctx, const char *path) {
     check_quantize_path(ctx, x, &p, path, 0, "fp8_channel", "next-row kernel");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
     nb_tensor_release(x);
-}
-
-/* The threshold-table kernel's mixed groups: blocks whose divisor p is above 2^16 (a huge tensor
- * amax), so their scale bytes are outside the table's run, in the same 16-block groups as blocks
- * inside it; dynamic and static (block amax not from the data). The test also checks that such
- * groups occurred. (p underflowing to 0 would also leave the run, but no finite amax reaches it
- * with a nonzero block scale: the block amax / 6 underflows first.) */
-static void test_nv_table_mixed(void) {
-    const int64_t n = 4096, nb = n / 16;
-    float *x = malloc((size_t)n * 4), *bam = malloc((size_t)nb * 4);
-    uint16_t *h = malloc((size_t)n * 2);
-    uint8_t *q0 = malloc((size_t)n / 2), *q1 = malloc((size_t)n / 2), *s0 = malloc((size_t)nb), *s1 = malloc((size_t)nb);
-    int mixed_groups[2] = {0, 0};
-    for (int trial = 0; trial < 24; trial++) {
-        int stat = trial % 2;
-        float amax = ldexpf(1.0f, 19 + (int)(nbt_rnd32() % 11));
-        for (int64_t b = 0; b < nb; b++) {
-            float top = b == 0 ? amax : ldexpf(amax, -(int)(nbt_rnd32() % 14));
-            bam[b] = b == 0 ? amax : ldexpf(amax, -(int)(nbt_rnd32() % 24));
-            for (int i = 0; i < 16; i++) {
-                float v = i == 3 ? top : top * (float)(2.0 * nbt_unif() - 1.0);
-                if (nbt_rnd32() & 1) v = -v;
-                h[b * 16 + i] = nb_f32_to_bf16(v);
-                x[b * 16 + i] = nb_bf16_to_f32(h[b * 16 + i]);
-            }
-        }
-        nb_qrow_args a;
-        memset(&a, 0, sizeof a);
-        a.global_amax = amax;
-        a.scale = nb_nvfp4_scale2(amax, 448.0f);
-        if (stat) a.block_amax = bam;
-        nbq_nv_table_build(a.scale, &NVTAB);
-        nb_nvfp4_quantize_row_ref(x, n, &a, q0, s0);
-        for (int avx2 = !HAVE512; avx2 < 2; avx2++) {
-            memset(q1, 0, (size_t)n / 2);
-            memset(s1, 0, (size_t)nb);
-            CHECK_EQ_INT(avx2 ? nbq_avx2_nvfp4_table_bf16(NB_FMT_NVFP4, h, n, &a, &NVTAB, q1, s1)
-                              : nbq_avx512_nvfp4_table_bf16(NB_FMT_NVFP4, h, n, &a, &NVTAB, q1, s1), 0);
-            CHECK_SAME("nvfp4 table mixed", q0, q1, n / 2, "%s %s amax %a s2 %a", avx2 ? "avx2" : "avx512",
-                       stat ? "static" : "dynamic", (double)amax, (double)a.scale);
-            CHECK_SAME("nvfp4 table mixed", s0, s1, nb, "%s scales, amax %a", avx2 ? "avx2" : "avx512", (double)amax);
-        }
-        for (int64_t g = 0; g < nb; g += 16) {
-            int in = 0;
-            for (int b = 0; b < 16; b++) in += NVTAB.ok[s0[g + b] & 0x7F];
-            mixed_groups[stat] += in > 0 && in < 16;
-        }
-    }
-    printf("nvfp4 table: groups mixing table and reference blocks: %d dynamic, %d static, of %d each\n",
-           mixed_groups[0], mixed_groups[1], 12 * (int)(nb / 16));
-    CHECK(mixed_groups[0] > 50 && mixed_groups[1] > 50);
-    free(x); free(bam); free(h); free(q0); free(q1); free(s0); free(s1);
-}
-
-/* ---- NVFP4 BF16 row tails: the overlapping last group, the padded short rows ------------------------ */
-
-static int64_t n_nv_tail_rows = 0, n_nv_tail_bad = 0;
-
-/* The three BF16 NVFP4 kernels (AVX-512 plain and by table with HAVE512, AVX2 by table always) on one
- * row: status `want` (0, or 2 for a row holding a NaN/Inf), and for want 0 data and scales equal to the
- * reference's; nothing written past the row either way. */
-static void check_nv_tail(nb_qformat f, const float *x, const uint16_t *h, int64_t n, const nb_qrow_args *a, int want,
-                          const char *mode) {
-    static const char *names[3] = {"avx512 bf16", "avx512 table", "avx2 table"};
-    const int64_t qb = n / 2, sbn = n / 16;
-    uint8_t *q0 = calloc((size_t)qb + 1, 1), *q1 = malloc((size_t)(qb + GUARD));
-    uint8_t *s0 = calloc((size_t)sbn + 1, 1), *s1 = malloc((size_t)(sbn + GUARD));
-    uint8_t ee[GUARD];
-    memset(ee, 0xEE, sizeof ee);
-    if (want == 0) (f == NB_FMT_NVFP4 ? nb_nvfp4_quantize_row_ref : nb_nvfp4_46_quantize_row_ref)(x, n, a, q0, s0);
-    nbq_nv_table_build(a->scale, &NVTAB);
-    for (int k = HAVE512 ? 0 : 2; k < 3; k++) {
-        prefill_out(q1, qb, s1, sbn);
-        int st = k == 0 ? nbq_avx512_quantize_bf16(f, h, n, a, q1, s1)
-               : k == 1 ? nbq_avx512_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1)
-                        : nbq_avx2_nvfp4_table_bf16(f, h, n, a, &NVTAB, q1, s1);
-        CHECK_MSG(st == want, "%s returned %d, wanted %d: nvfp4 row tails, %s n=%lld", names[k], st, want, mode, (long long)n);
-        if (want == 0) {
-            check_bf16_out("nvfp4 row tails", names[k], q0, q1, qb, s0, s1, sbn, mode, n, a->scale);
-            n_nv_tail_rows++;
-        } else {
-            CHECK_SAME("nvfp4 row tails", ee, q1 + qb, GUARD, "%s data written past the row, %s n=%lld", names[k], mode, (long long)n);
-            CHECK_SAME("nvfp4 row tails", ee, s1 + sbn, GUARD, "%s scales written past the row, %s n=%lld", names[k], mode, (long long)n);
-            n_nv_tail_bad++;
-        }
-    }
-    free(q0); free(q1); free(s0); free(s1);
-}
-
-/* NVFP4 BF16 rows that are not whole 16-block groups: 1-15 blocks (one group on a zero-padded copy),
- * 16-40 blocks, SmolLM2-135M's 576 and 896 and 1552 (whole groups, then one group ending at the row's
- * last block, redoing blocks the group before did), each through check_nv_tail dynamic (the driver's
- * s2 and powers of two: exact E2M1 ties), static (per-block amax: the data's, x1.5, 0, arbitrary) and
- * four_over_six static. Neighbouring blocks differ (random kinds and scales, random static amax), so a
- * group one block off, or a block amax read at the wrong offset, changes bytes. The contents: mixed
- * block kinds (zeros, -0, ties, huge, tiny, subnormal, FLT_MAX-ish), plain blocks, ties only, and a
- * huge amax (divisors above 2^16: the table kernels' mixed groups in the overlapped blocks); and rows
- * with one NaN/Inf in the first block, in the blocks both last groups cover, or in the last block. */
-static void test_nvfp4_row_tails(void) {
-    static const int64_t extra[3] = {36, 56, 97};
-    float *x = malloc(97 * 16 * 4), *bam = malloc(97 * 4);
-    uint16_t *h = malloc(97 * 16 * 2);
-    nb_qrow_args a;
-    int64_t lens = 0;
-    for (int li = 0; li < 40 + 3; li++) {
-        const int64_t nb = li < 40 ? li + 1 : extra[li - 40], n = nb * 16;
-        lens++;
-        for (int c = 0; c < 6; c++) {
-            const int t = (int)(nbt_rnd32() % 40) - 20;
-            float amax;
-            if (c < 4) {
-                bf16_row(x, h, n, 16, c == 0 ? -1 : c == 1 ? 0 : c == 2 ? 3 : -1, t);
-                amax = row_absmax(x, n);
-            } else {   /* c 4, 5: blocks up to 2^19-2^29 (c 5 also holds a NaN/Inf below) */
-                amax = ldexpf(1.0f, 19 + (int)(nbt_rnd32() % 11));
-                for (int64_t b = 0; b < nb; b++) {
-                    float top = b == nb - 1 - (int64_t)(nbt_rnd32() % 3) ? amax : ldexpf(amax, -(int)(nbt_rnd32() % 14));
-                    for (int i = 0; i < 16; i++) {
-                        float v = i == 3 ? top : top * (float)(2.0 * nbt_unif() - 1.0);
-                        h[b * 16 + i] = nb_f32_to_bf16((nbt_rnd32() & 1) ? -v : v);
-                    }
-                }
-                bf16_to_f32_row(h, n, x);
-                amax = row_absmax(x, n);
-            }
-            int want = 0;
-            if (c == 5) {   /* first block, the blocks the last two groups share (or any), the last block */
-                int64_t at = (nbt_rnd32() % 3 == 0) ? (int64_t)(nbt_rnd32() % 16)
-                           : (nbt_rnd32() & 1) ? n - 1 - (int64_t)(nbt_rnd32() % 16)
-                           : nb > 16 ? (nb - 16) * 16 + (int64_t)(nbt_rnd32() % 16) : (int64_t)(nbt_rnd32() % (uint32_t)n);
-                static const uint16_t bad[4] = {0x7FC0, 0x7F80, 0xFF80, 0xFFC1};
-                h[at] = bad[nbt_rnd32() % 4];
-                want = 2;
-            }
-            char mode[64];
-            memset(&a, 0, sizeof a);
-            a.div_dtype = NB_F32;
-            a.global_amax = amax > 0.0f ? amax : 1.0f;
-            a.scale = c == 2 ? ldexpf(1.0f, t) : nb_nvfp4_scale2(a.global_amax, 448.0f);
-            snprintf(mode, sizeof mode, "dynamic, content %d", c);
-            check_nv_tail(NB_FMT_NVFP4, x, h, n, &a, want, mode);
-            if (c == 0) {   /* a power-of-two s2 on mixed blocks too */
-                a.scale = ldexpf(1.0f, t);
-                check_nv_tail(NB_FMT_NVFP4, x, h, n, &a, want, "dynamic, content 0, s2 2^t");
-            }
-            for (int64_t b = 0; b < nb; b++) {
-                float m = want ? 1.0f : row_absmax(x + b * 16, 16);
-                int r = (int)(nbt_rnd32() % 4);
-                bam[b] = r == 0 ? m : r == 1 ? m * 1.5f : r == 2 ? 0.0f : (float)(nbt_unif() * 4.0) * m;
-            }
-            a.block_amax = bam;
-            a.global_amax = row_absmax(bam, nb);
-            if (a.global_amax == 0.0f) a.global_amax = 1.0f;
-            a.scale = nb_nvfp4_scale2(a.global_amax, 448.0f);
-            snprintf(mode, sizeof mode, "static, content %d", c);
-            check_nv_tail(NB_FMT_NVFP4, x, h, n, &a, want, mode);
-            a.scale = nb_nvfp4_scale2(a.global_amax, 256.0f);
-            snprintf(mode, sizeof mode, "four_over_six static, content %d", c);
-            check_nv_tail(NB_FMT_NVFP4_46, x, h, n, &a, want, mode);
-        }
-    }
-    const int64_t per_len = (HAVE512 ? 3 : 1) * (3 * 5 + 1);   /* kernels x (3 modes x 5 clean contents + one more s2) */
-    printf("nvfp4 bf16 row tails: %lld rows compared bit for bit, %lld NaN/Inf rows reported (%lld lengths)\n",
-           (long long)n_nv_tail_rows, (long long)n_nv_tail_bad, (long long)lens);
-    CHECK_EQ_INT(n_nv_tail_rows, lens * per_len);
-    CHECK_EQ_INT(n_nv_tail_bad, lens * (HAVE512 ? 3 : 1) * 3);
-    free(x); free(bam); free(h);
-}
-
-/* Calibrated-looking block amax for nblocks BF16 blocks of 16 at h: each block's largest magnitude,
- * every third one times 1.5 (a four_over_six pick), as the NVFP4 driver tests feed the static paths. */
-static void bf16_block_amax(const uint16_t *h, int64_t nblocks, float *bd) {
-    for (int64_t b = 0; b < nblocks; b++) {
-        float m = 0.0f;
-        for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(nb_bf16_to_f32(h[b * 16 + i])));
-        bd[b] = b % 3 ? m : m * 1.5f;
-    }
-}
-
-/* NVFP4 with `path` installed, against the reference path, on BF16 tensors whose rows are not whole
- * 16-block groups: rows of 576 and 896 (SmolLM2-135M) and 64 (stories260K), large enough for the
- * driver's threshold table (2^20 elements or more) and small (the plain AVX-512 kernel, or the AVX2
- * f32 rows); dynamic, calibrated amax, static and four_over_six static. A NaN in a row's last element
- * (a block only the overlapping last group covers) is named by the one-pass formats. */
-static void test_nvfp4_tail_driver(nb_ctx *ctx, const char *path) {
-    static const int64_t shapes[5][2] = {{1824, 576}, {1200, 896}, {16400, 64}, {37, 576}, {45, 64}};
-    for (int si = 0; si < 5; si++) {
-        const int64_t rows = shapes[si][0], n = shapes[si][1], bshape[2] = {rows, n / 16};
-        nb_tensor *x = NULL, *bam = NULL;
-        CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, shapes[si], &x));
-        CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, bshape, &bam));
-        if (!x || !bam) return;
-        uint16_t *h = nb_tensor_data(x);
-        float *bd = nb_tensor_data(bam), row[896];
-        for (int64_t r = 0; r < rows; r++) {
-            gen_row(row, n, 16, r % 4 == 0 ? -1 : 0, (int)(r % 24) - 12);
-            for (int64_t i = 0; i < n; i++) h[r * n + i] = nb_f32_to_bf16(isfinite(row[i]) && fabsf(row[i]) < 1e30f ? row[i] : 1.0f);
-        }
-        bf16_block_amax(h, rows * (n / 16), bd);
-        for (int k = 0; k < 5; k++) {   /* 4: four_over_six's per-block pick */
-            nb_qparams p;
-            nb_qparams_init(&p, k >= 3 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
-            if (k == 1) p.amax = 7.5e5f;
-            if (k == 2 || k == 3) p.block_amax = bam;
-            char what[48];
-            snprintf(what, sizeof what, "%lldx%lld case %d", (long long)rows, (long long)n, k);
-            check_quantize_path(ctx, x, &p, path, 1, "nvfp4 row-tail driver", what);
-        }
-        const int64_t r = rows - 2, at = r * n + n - 1;
-        h[at] = 0xFF80;
-        for (int k = 0; k < 3; k++) {
-            nb_qparams p;
-            nb_qparams_init(&p, k == 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
-            if (k == 0) p.amax = 7.5e5f;
-            else p.block_amax = bam;
-            p.name = "tail.weight";
-            nb_qtensor *q = NULL;
-            char msg[96];
-            snprintf(msg, sizeof msg, "tail.weight: -Inf at flat index %lld (element [%lld, %lld])", (long long)at,
-                     (long long)r, (long long)(n - 1));
-            CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
-            CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, msg);
-            CHECK(q == NULL);
-        }
-        nb_tensor_release(x);
-        nb_tensor_release(bam);
-    }
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
-}
-
-/* NVFP4 on a BF16 tensor large enough (4M elements) for the driver's threshold table, with `path`
- * installed (avx512: the AVX-512 table kernel, avx2: the AVX2 one): dynamic, static and
- * four_over_six static, against the reference path; a NaN in it is still named. */
-static void test_nvfp4_table_driver(nb_ctx *ctx, const char *path) {
-    const int64_t bshape[2] = {1024, 256};
-    nb_tensor *x = driver_tensor(ctx, 16), *bam = NULL;
-    CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, bshape, &bam));
-    if (!x || !bam) return;
-    uint16_t *h = nb_tensor_data(x);
-    float *bd = nb_tensor_data(bam);
-    bf16_block_amax(h, 1024 * 256, bd);
-    for (int k = 0; k < 4; k++) {   /* 3: four_over_six's per-block pick (no block amax) */
-        nb_qparams p;
-        nb_qparams_init(&p, k >= 2 ? NB_FMT_NVFP4_46 : NB_FMT_NVFP4);
-        if (k == 1 || k == 2) p.block_amax = bam;
-        char what[16];
-        snprintf(what, sizeof what, "case %d", k);
-        check_quantize_path(ctx, x, &p, path, 0, "nvfp4 table driver", what);
-    }
-    h[777 * 4096 + 3] = 0x7FC0;
-    nb_qparams p;
-    nb_qparams_init(&p, NB_FMT_NVFP4);
-    p.block_amax = bam;
-    p.name = "big.weight";
-    nb_qtensor *q = NULL;
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, path));
-    CHECK_FAIL(ctx, nb_quantize(ctx, x, &p, &q), NB_ERR_NUMERIC, "big.weight: NaN at flat index 3182595 (element [777, 3])");
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
-    nb_tensor_release(x);
-    nb_tensor_release(bam);
 }
 
 /* The fused driver: NaN/Inf named with tensor and index in the one-pass formats (no amax pass runs
@@ -1525,17 +1032,15 @@ static void test_drivers(nb_ctx *ctx, const char *path) {
     }
 }
 
-int main(void) {
-    nb_ctx *ctx = NULL;
-    CHECK_OK(ctx, nb_ctx_new(2, &ctx));
-    nb_rng_seed(&nbt_rng, 0x5eedf00dULL);
+/* The dispatcher's choice at load and nb_quant_set_cpu_path's names. Returns whether the CPU has AVX2
+ * (else only the portable pieces can run). */
+static int test_path_choice(nb_ctx *ctx) {
     const char *path = nb_quant_cpu_path();
     printf("quantizer CPU path chosen at load: %s (CPU has AVX2+FMA+F16C: %s)\n", path, nbq_cpu_has_avx2() ? "yes" : "no");
     if (!nbq_cpu_has_avx2()) {
         CHECK(strcmp(path, "reference") == 0 || getenv("NIBBLE_QUANT_PATH"));
         CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "avx2"), NB_ERR_UNSUPPORTED, "lacks AVX2");
-        test_mx_scale();
-        return nbt_done("test_quant_fast (no AVX2 on this CPU: only the portable pieces ran)");
+        return 0;
     }
     const char *best = nbq_cpu_has_avx512() ? "avx512" : "avx2";
     if (!getenv("NIBBLE_QUANT_PATH")) CHECK(strcmp(path, best) == 0);
@@ -1548,6 +1053,34 @@ int main(void) {
     CHECK(strcmp(nb_quant_cpu_path(), best) == 0);
     if (!nbq_cpu_has_avx512())
         CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "avx512"), NB_ERR_UNSUPPORTED, "lacks AVX-512");
+    return 1;
+}
+
+/* The drivers end to end on every path the CPU has (the "avx2" test_drivers runs first, in main). */
+static void test_driver_paths(nb_ctx *ctx) {
+    if (HAVE512) test_drivers(ctx, "avx512");
+    else printf("no AVX-512 F/BW/VL/DQ on this CPU: only the AVX2 BF16 table kernel was run\n");
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+    test_fused_driver(ctx);
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "avx2"));
+    test_fused_driver(ctx);
+    test_channel_next_rows(ctx, "avx2");
+    if (HAVE512) test_channel_next_rows(ctx, "avx512");
+    test_fp8_mx_driver(ctx, "avx2");
+    if (HAVE512) test_fp8_mx_driver(ctx, "avx512");
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
+    test_fused_driver(ctx);
+    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+}
+
+int main(void) {
+    nb_ctx *ctx = NULL;
+    CHECK_OK(ctx, nb_ctx_new(2, &ctx));
+    nb_rng_seed(&nbt_rng, 0x5eedf00dULL);
+    if (!test_path_choice(ctx)) {
+        test_mx_scale();
+        return nbt_done("test_quant_fast (no AVX2 on this CPU: only the portable pieces ran)");
+    }
     test_elements();
     test_mx_scale();
     test_nvfp4_rows();
@@ -1559,26 +1092,7 @@ int main(void) {
     test_avx2_bf16_kernels();
     test_mx_bf16_sweep();
     test_bf16_row_tails();
-    test_nv_table_mixed();
-    test_nv46_pick();
-    test_nvfp4_row_tails();
-    if (HAVE512) test_drivers(ctx, "avx512");
-    else printf("no AVX-512 F/BW/VL/DQ on this CPU: only the AVX2 BF16 table kernel was run\n");
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
-    test_fused_driver(ctx);
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "avx2"));
-    test_fused_driver(ctx);
-    test_channel_next_rows(ctx, "avx2");
-    if (HAVE512) test_channel_next_rows(ctx, "avx512");
-    test_nvfp4_table_driver(ctx, "avx2");
-    if (HAVE512) test_nvfp4_table_driver(ctx, "avx512");
-    test_nvfp4_tail_driver(ctx, "avx2");
-    if (HAVE512) test_nvfp4_tail_driver(ctx, "avx512");
-    test_fp8_mx_driver(ctx, "avx2");
-    if (HAVE512) test_fp8_mx_driver(ctx, "avx512");
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
-    test_fused_driver(ctx);
-    CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
+    test_driver_paths(ctx);
     printf("rows compared bit for bit (quantize, fake, dequantize): %lld\n", (long long)n_rows_checked);
     nb_ctx_release(ctx);
     return nbt_done("test_quant_fast");
