@@ -16,7 +16,7 @@ const uint32_t *nbq_mx_ceil_table(void);
 /* nb_mxfp8_scale_byte(amax, floor) from integer operations and the table (amax finite, >= 0). */
 uint8_t nbq_mx_scale_byte_fast(float block_amax, int ocp_floor);
 
-/* --- AVX2 rows (fast_avx2.c); only call when nbq_cpu_has_avx2() ------------------------------- */
+/* --- AVX2 rows (fast_avx2.c, NVFP4: fast_avx2_nvfp4.c); only call when nbq_cpu_has_avx2() ------- */
 int nbq_cpu_has_avx2(void);
 void nbq_avx2_nvfp4_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
 void nbq_avx2_nvfp4_dequantize_row(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
@@ -91,7 +91,7 @@ void nbq_nv_table_finish(nbq_nv_table *t);
 /* nbq_avx512_quantize_bf16 for NVFP4 / static NVFP4_46 rows with a table built for a->scale. */
 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
                                 const nbq_nv_table *tab, uint8_t *q, uint8_t *s);
-/* The same for the AVX2 path (fast_avx2.c, only call when nbq_cpu_has_avx2()): NVFP4 / static
+/* The same for the AVX2 path (fast_avx2_nvfp4.c, only call when nbq_cpu_has_avx2()): NVFP4 / static
  * NVFP4_46 BF16 rows bit-equal to the reference, from a table built for a->scale (tab required).
  * Returns as nbq_avx512_quantize_bf16: 1 for NVFP4_46 without block amax (or another format). */
 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,

@@ -1,7 +1,7 @@
-/* x86 SIMD helpers of the fast quantizer paths (fast_avx2.c; kept apart for wider variants): the AVX2 element
+/* x86 SIMD helpers of the fast quantizer paths (fast_avx2*.c; kept apart for wider variants): the AVX2 element
  * kernels (E4M3 / E2M1 rounding by one float add, decoders, packing), the NVFP4 block-scale and MXFP8
  * scale-byte computations on 8 blocks at a time, the dtype roundings, and the scalar reference fallbacks
- * both BF16 kernel files (fast_avx2.c, fast_avx512.c) call on their rare lanes. Include only from
+ * the BF16 kernel files (fast_avx2.c, fast_avx2_nvfp4.c, fast_avx512.c) call on their rare lanes. Include only from
  * x86-64 GNU C sources, inside their own #if. */
 #ifndef NIBBLE_QUANT_FAST_X86_H
 #define NIBBLE_QUANT_FAST_X86_H
@@ -352,7 +352,7 @@ NB_AVX2 static inline __m256 round_f16(__m256 v) {
 /* A finite scale > 0 keeps x/s of finite x out of NaN. */
 static inline int normal_scale(float s) { return s > 0.0f && s < INFINITY; }
 
-/* ---- scalar fallbacks of the BF16 kernels (fast_avx2.c, fast_avx512.c) ---------------------------- */
+/* ---- scalar fallbacks of the BF16 kernels (fast_avx2*.c, fast_avx512.c) --------------------------- */
 
 /* A bf16 pattern as f32 (exact). */
 static inline float bf2f(uint16_t h) {
