@@ -108,8 +108,35 @@ typedef struct nb_export_opts {
 
 void nb_export_opts_init(nb_export_opts *o);
 /* Write the checkpoint into dir atomically: everything goes to a temporary sibling directory that
- * is renamed over dir at the end; on any failure nothing is left behind. */
+ * is renamed over dir at the end; on any failure nothing is left behind. dir must pass
+ * nb_export_check_target, which is asked before anything is written and again just before the
+ * rename: an existing dir is only ever replaced when it is empty or a previous nibble export. */
 nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb_export_opts *opts);
+
+/* May an export be written to dir? Ask before hours of calibration or QAD; nb_qmodel_export asks
+ * it too. Writes nothing.
+ *
+ * NB_OK when dir does not exist (its parent must be an existing, writable directory), when dir is
+ * an empty directory, or when dir is a directory a previous nibble export wrote, which is then
+ * replaced as a whole. A previous nibble export is recognised by two things together:
+ *   1. every entry in it is a regular file (no subdirectory, no symbolic link) with a name an export
+ *      writes: config.json, hf_quant_config.json, generation_config.json, tokenizer.json,
+ *      tokenizer_config.json, special_tokens_map.json, tokenizer.model, chat_template.jinja,
+ *      model.safetensors, model.safetensors.index.json, model-DDDDD-of-DDDDD.safetensors; and
+ *      config.json and the weights (model.safetensors or the index) are among them;
+ *   2. nibble is named as its producer: the safetensors __metadata__ of its weights (of the first
+ *      shard) has "producer": "nibble" (every export writes it, in both layouts, next to "format":
+ *      "pt" and "producer_version"), or config.json's quantization_config has "producer": {"name":
+ *      "nibble", ...} (what ModelOpt-layout exports carried before the safetensors mark).
+ * So a plain Hugging Face model directory (such as the source model's own), a directory holding
+ * anything else (notes.txt, a subdirectory, a README.md added to an export) and a regular file are
+ * all refused, and nothing in them is touched.
+ *
+ * Errors: NB_ERR_INVALID naming dir and why ("export: /x/out exists and is not a nibble export (it
+ * holds notes.txt): remove it or choose another output directory"; "... exists and is a file, not a
+ * directory: ..."; "... is a symbolic link: ..."); NB_ERR_IO when the parent directory is missing,
+ * not a directory or not writable, or when dir cannot be listed. */
+nb_status nb_export_check_target(nb_ctx *ctx, const char *dir);
 /* Modules the last export excluded because allow_uncalibrated was set (and, when a K/V quantizer was
  * uncalibrated, the KV quantizers by name: the export then carries no KV cache quantization at all). */
 int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm);

@@ -2,7 +2,9 @@
  * weight / weight_scale / weight_scale_2 / input_scale, hf_quant_config.json, quantization_config in
  * config.json) or the compressed-tensors layout (§4: weight_packed, inverted global scales). Every
  * quantized weight goes through its nb_quantizer, the one that fake-quantized it in training. Files are
- * written into a temporary sibling directory that replaces the target only when all is written. */
+ * written into a temporary sibling directory that replaces the target only when all is written, and
+ * only a missing target, an empty directory or a previous nibble export is ever replaced
+ * (nb_export_check_target): a user's folder, a file or a source model is refused before any work. */
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -59,6 +61,10 @@ static int join_path(char *out, size_t cap, const char *dir, const char *name) {
     memcpy(out + a + 1, name, b + 1);
     return 0;
 }
+
+/* The files write_all copies from the source directory (or writes for a GGUF's tokenizer). */
+static const char *const copied_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                           "generation_config.json", "tokenizer.model", "chat_template.jinja", NULL};
 
 static int file_exists(const char *p) {
     struct stat st;
@@ -695,6 +701,9 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
     nb_st_writer *w = NULL;
     if ((s = nb_st_writer_new(ctx, &w))) { free(owner); return s; }
     s = nb_st_writer_meta(ctx, w, "format", "pt");
+    /* the mark nb_export_check_target looks for: free-form metadata, which every loader ignores */
+    if (!s) s = nb_st_writer_meta(ctx, w, "producer", "nibble");
+    if (!s) s = nb_st_writer_meta(ctx, w, "producer_version", nb_version());
     nb_dtype main_dt = NB_BF16;
     for (int64_t p = 0; p < np && !s; p++) {
         if (nb_ctx_interrupted(ctx)) { s = nb_fail(ctx, NB_ERR_INTERRUPTED, "export interrupted"); break; }
@@ -788,16 +797,160 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
     free(p.quant_names);
     free(p.unq_names);
     /* tokenizer and generation files travel with the weights */
-    static const char *extra[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                  "generation_config.json", "tokenizer.model", "chat_template.jinja", NULL};
-    for (int k = 0; !s && srcdir && extra[k]; k++) {
-        join_path(src, sizeof src, srcdir, extra[k]);
+    for (int k = 0; !s && srcdir && copied_files[k]; k++) {
+        join_path(src, sizeof src, srcdir, copied_files[k]);
         if (!file_exists(src)) continue;
-        join_path(path, sizeof path, tmp, extra[k]);
+        join_path(path, sizeof path, tmp, copied_files[k]);
         s = copy_file(ctx, src, path);
     }
     if (!s && nb_model_format_of(qm->m) == NB_MODEL_GGUF) s = write_gguf_tokenizer(ctx, nb_model_path(qm->m), tmp);
     return s;
+}
+
+/* ---- the target directory ---------------------------------------------------------------- */
+
+/* model-DDDDD-of-DDDDD.safetensors, as nb_st_writer_write_sharded names shards */
+static int is_shard_name(const char *n) {
+    if (strncmp(n, "model-", 6) != 0) return 0;
+    const char *p = n + 6;
+    if (*p < '0' || *p > '9') return 0;
+    while (*p >= '0' && *p <= '9') p++;
+    if (strncmp(p, "-of-", 4) != 0) return 0;
+    p += 4;
+    if (*p < '0' || *p > '9') return 0;
+    while (*p >= '0' && *p <= '9') p++;
+    return strcmp(p, ".safetensors") == 0;
+}
+
+/* A file name an export writes (write_all, the safetensors writer); 2 for the weights' entry point. */
+static int export_name(const char *n) {
+    if (!strcmp(n, "model.safetensors") || !strcmp(n, "model.safetensors.index.json")) return 2;
+    if (!strcmp(n, "config.json") || !strcmp(n, "hf_quant_config.json") || is_shard_name(n)) return 1;
+    for (int k = 0; copied_files[k]; k++) if (!strcmp(n, copied_files[k])) return 1;
+    return 0;
+}
+
+/* Does nibble say it wrote the checkpoint in dir? The safetensors mark, or (exports from before the
+ * mark) the producer ModelOpt-layout exports put in config.json's quantization_config. Any failure to
+ * read either counts as "no". */
+static int has_nibble_mark(nb_ctx *ctx, const char *dir) {
+    nb_st *st = NULL;
+    int marked = 0;
+    if (nb_st_open(ctx, dir, &st) == NB_OK) {
+        const char *p = nb_st_metadata(st, "producer");
+        marked = p && strcmp(p, "nibble") == 0;
+        nb_st_close(st);
+    } else {
+        nb_ctx_clear_error(ctx);
+    }
+    if (marked) return 1;
+    char path[4096];
+    if (join_path(path, sizeof path, dir, "config.json") != 0) return 0;
+    cJSON *cfg = read_json(path);
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+    const cJSON *prod = cJSON_GetObjectItemCaseSensitive(qc, "producer");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(prod, "name");
+    marked = cJSON_IsString(name) && strcmp(name->valuestring, "nibble") == 0;
+    cJSON_Delete(cfg);
+    return marked;
+}
+
+#define NOT_OURS "remove it or choose another output directory"
+
+nb_status nb_export_check_target(nb_ctx *ctx, const char *dir) {
+    if (!dir || !*dir) return nb_fail(ctx, NB_ERR_INVALID, "export: the output directory is an empty path");
+    size_t L = strlen(dir);
+    while (L > 1 && dir[L - 1] == '/') L--;
+    char target[4096], parent[4096];
+    if (L + 64 >= sizeof target) return nb_fail(ctx, NB_ERR_INVALID, "export: path too long: %s", dir);
+    snprintf(target, sizeof target, "%.*s", (int)L, dir);
+    const char *slash = strrchr(target, '/');
+    const char *base = slash ? slash + 1 : target;
+    if (!strcmp(base, ".") || !strcmp(base, "..") || !strcmp(target, "/"))
+        return nb_fail(ctx, NB_ERR_INVALID, "export: %s is not a directory an export can replace: name a new "
+                       "output directory", target);
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else snprintf(parent, sizeof parent, "%.*s", (int)(slash == target ? 1 : slash - target), target);
+
+    /* the export is a sibling temp directory renamed into place: the parent must take it */
+    struct stat st;
+    if (stat(parent, &st) != 0)
+        return nb_fail(ctx, NB_ERR_IO, "export: cannot write %s: its parent directory %s: %s", target, parent,
+                       strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return nb_fail(ctx, NB_ERR_IO, "export: cannot write %s: %s is not a directory", target, parent);
+    if (access(parent, W_OK | X_OK) != 0)
+        return nb_fail(ctx, NB_ERR_IO, "export: cannot write %s: its parent directory %s: %s", target, parent,
+                       strerror(errno));
+
+    if (lstat(target, &st) != 0) {
+        if (errno == ENOENT) return NB_OK;
+        return nb_fail(ctx, NB_ERR_IO, "export: cannot inspect %s: %s", target, strerror(errno));
+    }
+    if (S_ISLNK(st.st_mode))
+        return nb_fail(ctx, NB_ERR_INVALID, "export: %s exists and is a symbolic link: %s (or name the directory "
+                       "it points to)", target, NOT_OURS);
+    if (S_ISREG(st.st_mode))
+        return nb_fail(ctx, NB_ERR_INVALID, "export: %s exists and is a file, not a directory: %s", target, NOT_OURS);
+    if (!S_ISDIR(st.st_mode))
+        return nb_fail(ctx, NB_ERR_INVALID, "export: %s exists and is not a directory: %s", target, NOT_OURS);
+
+    DIR *d = opendir(target);
+    if (!d) return nb_fail(ctx, NB_ERR_IO, "export: cannot list %s: %s", target, strerror(errno));
+    /* the smallest foreign name, so the message does not depend on readdir's order */
+    char foreign[512] = "", path[4096];
+    int n = 0, has_config = 0, has_weights = 0;
+    struct dirent *e;
+    while ((errno = 0, e = readdir(d))) {
+        const char *nm = e->d_name;
+        if (!strcmp(nm, ".") || !strcmp(nm, "..")) continue;
+        n++;
+        int kind = export_name(nm);
+        struct stat es;
+        int regular = join_path(path, sizeof path, target, nm) == 0 && lstat(path, &es) == 0 && S_ISREG(es.st_mode);
+        if (kind && regular) {
+            has_config |= !strcmp(nm, "config.json");
+            has_weights |= kind == 2;
+            continue;
+        }
+        char shown[512];
+        int isdir = !regular && join_path(path, sizeof path, target, nm) == 0 && lstat(path, &es) == 0 &&
+                    S_ISDIR(es.st_mode);
+        snprintf(shown, sizeof shown, "%s%s", nm, isdir ? "/" : "");
+        if (!foreign[0] || strcmp(shown, foreign) < 0) snprintf(foreign, sizeof foreign, "%s", shown);
+    }
+    int rd_err = errno;
+    closedir(d);
+    if (rd_err) return nb_fail(ctx, NB_ERR_IO, "export: cannot list %s: %s", target, strerror(rd_err));
+    if (n == 0) return NB_OK;
+    if (foreign[0])
+        return nb_fail(ctx, NB_ERR_INVALID, "export: %s exists and is not a nibble export (it holds %s): %s", target,
+                       foreign, NOT_OURS);
+    if (!has_config || !has_weights)
+        return nb_fail(ctx, NB_ERR_INVALID, "export: %s exists and is not a nibble export (it holds no %s): %s",
+                       target, !has_config ? "config.json" : "model.safetensors", NOT_OURS);
+    if (!has_nibble_mark(ctx, target))
+        return nb_fail(ctx, NB_ERR_INVALID, "export: %s exists and is not a nibble export (a model directory nibble "
+                       "did not write: its weights do not name nibble as producer): %s", target, NOT_OURS);
+    return NB_OK;
+}
+
+/* A sibling of target that does not exist yet: target + tag + pid (+ a counter). Never removes
+ * anything already there, as the name might be someone's. */
+static int free_sibling(char *out, size_t cap, const char *target, const char *tag, int make) {
+    for (int k = 0; k < 1000; k++) {
+        if (k == 0) snprintf(out, cap, "%s.%s-%ld", target, tag, (long)getpid());
+        else snprintf(out, cap, "%s.%s-%ld-%d", target, tag, (long)getpid(), k);
+        if (make) {
+            if (mkdir(out, 0755) == 0) return 0;
+            if (errno != EEXIST) return -1;
+        } else {
+            struct stat st;
+            if (lstat(out, &st) != 0 && errno == ENOENT) return 0;
+        }
+    }
+    errno = EEXIST;
+    return -1;
 }
 
 nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb_export_opts *opts) {
@@ -805,29 +958,34 @@ nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb
     if (opts) o = *opts; else nb_export_opts_init(&o);
     if (o.layout != NB_LAYOUT_MODELOPT && o.layout != NB_LAYOUT_COMPRESSED_TENSORS)
         return nb_fail(ctx, NB_ERR_INVALID, "unknown export layout %d", o.layout);
+    nb_status s = nb_export_check_target(ctx, dir);
+    if (s) return s;
     int *included = calloc((size_t)(qm->n + 1), sizeof *included);
     if (!included) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
     int kv = 0;
-    nb_status s = decide(ctx, qm, &o, included, &kv);
+    s = decide(ctx, qm, &o, included, &kv);
     if (s) { free(included); return s; }
 
     size_t L = strlen(dir);
     while (L > 1 && dir[L - 1] == '/') L--;
-    char tmp[4096], old[4096];
-    snprintf(tmp, sizeof tmp, "%.*s.nibble-tmp-%ld", (int)L, dir, (long)getpid());
-    snprintf(old, sizeof old, "%.*s.nibble-old-%ld", (int)L, dir, (long)getpid());
-    rm_rf(tmp);
-    if (mkdir(tmp, 0755) != 0) {
+    char target[4096], tmp[4200], old[4200];
+    snprintf(target, sizeof target, "%.*s", (int)L, dir);
+    if (free_sibling(tmp, sizeof tmp, target, "nibble-tmp", 1) != 0) {
         free(included);
         return nb_fail(ctx, NB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     }
     s = write_all(ctx, qm, tmp, &o, included, kv);
     free(included);
+    /* asked again: something may have appeared at the target while the export was written */
+    if (!s) s = nb_export_check_target(ctx, target);
     if (s) { rm_rf(tmp); return s; }
-    char target[4096];
-    snprintf(target, sizeof target, "%.*s", (int)L, dir);
     struct stat st;
-    int had = stat(target, &st) == 0;
+    int had = lstat(target, &st) == 0;
+    if (had && free_sibling(old, sizeof old, target, "nibble-old", 0) != 0) {
+        int e = errno;
+        rm_rf(tmp);
+        return nb_fail(ctx, NB_ERR_IO, "cannot find a free name to move the old %s aside: %s", target, strerror(e));
+    }
     if (had && rename(target, old) != 0) {
         int e = errno;
         rm_rf(tmp);
@@ -839,6 +997,7 @@ nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb
         rm_rf(tmp);
         return nb_fail(ctx, NB_ERR_IO, "cannot rename %s to %s: %s", tmp, target, strerror(e));
     }
+    /* only an empty directory or a previous nibble export was moved aside */
     if (had) rm_rf(old);
     return NB_OK;
 }
