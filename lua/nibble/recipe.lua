@@ -55,7 +55,10 @@ M.sub_schema = {
               -- AdamW's, the loss's finer knobs and the training data's reading (nibble.qad.config / loader)
               beta1 = true, beta2 = true, eps = true, top_k = true, topk_norm = true, ignore_index = true,
               lr_scale_unquantized = true,
-              text_field = true, separator = true, pack = true, eos = true },
+              text_field = true, separator = true, pack = true, eos = true,
+              -- what nibble.qad.run refuses unless asked: seq_len beyond the model's max_position_embeddings,
+              -- a fresh run over a checkpoint_dir that holds checkpoints (overwrite removes them)
+              allow_long = true, overwrite = true },
   export = { dir = true, layout = true, max_shard_size = true },
   eval = { data = true, ctx = true, chunks = true },
 }
@@ -103,6 +106,75 @@ function M.check_preset(name, where)
   local names = keys_of(M.presets)
   error(string.format("%s: unknown format '%s'%s; known: %s", where, tostring(name), did_you_mean(tostring(name), names),
     table.concat(names, ", ")), 0)
+end
+
+-- The leading comment of a Lua file (its usage text), without the dashes.
+local function usage_of(path)
+  local f = path and io.open(path, "r")
+  if not f then return nil end
+  local lines = {}
+  for line in f:lines() do
+    local text = line:match("^%-%-(.*)$")
+    if not text then break end
+    lines[#lines + 1] = (text:gsub("^ ", ""))
+  end
+  f:close()
+  return #lines > 0 and table.concat(lines, "\n") .. "\n" or nil
+end
+
+-- args(arg, where, known): the key=value arguments of a recipe file run by `nibble run` (its `arg`),
+-- checked against `known` (a list of key names) before anything else runs: an unknown key is an error
+-- with a did-you-mean, and so is a word that is not key=value. Returns a reader:
+--   a.str(k [, dflt]), a.num(k [, dflt]) (finite numbers: "<where>: k must be a number, got 'x'"),
+--   a.bool(k [, dflt]) (true / false / 1 / 0), a.given(k).
+-- --help or -h prints the calling file's leading comment on stdout and returns nil (the recipe then
+-- returns nothing, so nothing runs).
+function M.args(arg, where, known)
+  arg = arg or {}
+  local allowed, names = {}, {}
+  for _, k in ipairs(known) do allowed[k], names[#names + 1] = true, k end
+  table.sort(names)
+  for i = 1, #arg do
+    if arg[i] == "--help" or arg[i] == "-h" then
+      local src = debug.getinfo(2, "S").source
+      io.stdout:write(usage_of(src:sub(1, 1) == "@" and src:sub(2) or nil) or (where .. ": key=value arguments\n"))
+      return nil
+    end
+  end
+  for k, v in pairs(arg) do
+    if type(k) == "number" then
+      if k >= 1 then
+        error(string.format("%s: unexpected argument '%s' (arguments are key=value)", where, tostring(v)), 0)
+      end
+    elseif not allowed[k] then
+      error(string.format("%s: unknown key '%s'%s; --help lists the keys", where, tostring(k),
+        did_you_mean(tostring(k), names)), 0)
+    end
+  end
+  local a = {}
+  function a.given(k) return arg[k] ~= nil end
+  function a.str(k, dflt)
+    local v = arg[k]
+    if v == nil then return dflt end
+    return v
+  end
+  function a.num(k, dflt)
+    local v = arg[k]
+    if v == nil then return dflt end
+    local x = tonumber(v)
+    if not x or x ~= x or x == math.huge or x == -math.huge then
+      error(string.format("%s: %s must be a number, got '%s'", where, k, tostring(v)), 0)
+    end
+    return x
+  end
+  function a.bool(k, dflt)
+    local v = arg[k]
+    if v == nil then return dflt end
+    if v == "true" or v == "1" then return true end
+    if v == "false" or v == "0" then return false end
+    error(string.format("%s: %s must be true or false, got '%s'", where, k, tostring(v)), 0)
+  end
+  return a
 end
 
 local function check_keys(t, allowed, where)
@@ -468,7 +540,9 @@ end
 -- recipe with `distill` is a QAD run (nibble.qad), otherwise PTQ (nibble.ptq). Returns the result.
 -- Only recipes are run: tables made by nibble.recipe{...}, or with `extends` / `quantize`; a script
 -- that returns some other table keeps it to itself (nil is returned).
-function M.execute(r, args)
+-- Run by the host (`nibble run`), a user error (a bad request) ends the program with its message alone
+-- (nibble.cli.program); called from Lua, errors are raised as usual.
+local function execute(r, args)
   if type(r) ~= "table" then error("recipe: expected a recipe table, got " .. type(r), 0) end
   if not tagged[r] and r.extends == nil and r.quantize == nil then return nil end
   tagged[r] = true
@@ -478,6 +552,10 @@ function M.execute(r, args)
     return require("nibble.qad").run(r, args)
   end
   return require("nibble.ptq").run(r, args)
+end
+
+function M.execute(r, args)
+  return require("nibble.cli").program(execute, r, args)
 end
 
 setmetatable(M, { __call = function(_, t)

@@ -174,3 +174,49 @@ describe("plan text", function()
     assert.matches("\n48 modules %(excluded: 18, nvfp4_w4a16: 30%)$", text)
   end)
 end)
+
+describe("recipe.args (the key=value arguments of recipes/qad.lua and recipes/quickstart.lua)", function()
+  local known = { "steps", "lr", "resume", "format" }
+  it("reads strings, numbers and booleans, with defaults", function()
+    local a = recipe.args({ [0] = "x.lua", [-1] = "nibble", steps = "50", lr = "3e-5", resume = "1", format = "mxfp8" },
+                          "x.lua", known)
+    assert.equal(50, a.num("steps", 200))
+    assert.equal(3e-5, a.num("lr"))
+    assert.is_true(a.bool("resume", false))
+    assert.equal("mxfp8", a.str("format", "nvfp4"))
+    assert.is_true(a.given("steps"))
+    local d = recipe.args({}, "x.lua", known)
+    assert.equal(200, d.num("steps", 200))
+    assert.is_nil(d.num("lr"))
+    assert.is_false(d.bool("resume", false))
+    assert.is_false(d.given("steps"))
+  end)
+  it("refuses an unknown key with did-you-mean, and a word that is not key=value", function()
+    assert.equal("x.lua: unknown key 'stpes' (did you mean 'steps'?); --help lists the keys",
+      err_of(recipe.args, { stpes = "5" }, "x.lua", known))
+    assert.equal("x.lua: unknown key 'zzzzzz'; --help lists the keys", err_of(recipe.args, { zzzzzz = "1" }, "x.lua", known))
+    assert.equal("x.lua: unexpected argument 'steps' (arguments are key=value)",
+      err_of(recipe.args, { "steps" }, "x.lua", known))
+  end)
+  it("names a bad number or boolean", function()
+    local a = recipe.args({ steps = "many", lr = "nan", resume = "yes", format = "inf" }, "x.lua", known)
+    assert.equal("x.lua: steps must be a number, got 'many'", err_of(a.num, "steps"))
+    assert.equal("x.lua: lr must be a number, got 'nan'", err_of(a.num, "lr"))
+    assert.equal("x.lua: format must be a number, got 'inf'", err_of(a.num, "format"))
+    assert.equal("x.lua: resume must be true or false, got 'yes'", err_of(a.bool, "resume"))
+  end)
+  it("--help prints the recipe file's leading comment and returns nil", function()
+    local file = nbspec.tmpname(".lua")
+    nbspec.write(file, "-- demo: a recipe\n--   nibble run demo.lua steps=N\nlocal a = recipe.args(arg, 'demo', { 'steps' })\n"
+                       .. "if not a then return nil end\nreturn { quantize = {} }\n")
+    local out = {}
+    local so = io.stdout
+    io.stdout = { write = function(_, ...) for _, s in ipairs({ ... }) do out[#out + 1] = s end end }
+    local ok, r = pcall(recipe.load, file, { "--help", steps = "3" })
+    io.stdout = so
+    os.remove(file)
+    assert.is_true(ok, r)
+    assert.is_nil(r)
+    assert.equal("demo: a recipe\n  nibble run demo.lua steps=N\n", table.concat(out))
+  end)
+end)

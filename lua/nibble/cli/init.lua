@@ -89,6 +89,75 @@ function M.main(cmd, args)
   return tonumber(code) or 1
 end
 
+-- ---- errors of programs that `nibble run` starts ----------------------------------------------------
+
+-- debug_on(): NIBBLE_DEBUG is set (to anything but "" or "0"): every error keeps its traceback.
+function M.debug_on()
+  local v = os.getenv("NIBBLE_DEBUG")
+  return v ~= nil and v ~= "" and v ~= "0"
+end
+
+-- user_message(err): the message of a user error, else nil. A user error is how nibble refuses a request
+-- (a bad key or value, a missing file, an impossible setting): a string raised without a position,
+-- error(msg, 0), as recipes and nibble's checks raise them. A positioned error ("file.lua:12: ...": a
+-- bug, or a misused API in a script), a non-string error and "interrupted" (Ctrl-C) are not.
+function M.user_message(err)
+  if type(err) ~= "string" or err == "interrupted" or err == "" then return nil end
+  if err:match("^[^\n]-:%d+: ") then return nil end
+  return err
+end
+
+-- Whether program() was called by the host itself for `nibble run`: the global arg[0] is set (the REPL
+-- has no arg) and no Lua frame is under program's caller (as there is under a spec, a script that
+-- loads the recipe, or the REPL).
+local function program_level()
+  local a = rawget(_G, "arg")
+  if type(a) ~= "table" or a[0] == nil then return false end
+  local level = 4   -- 1 = program_level, 2 = program, 3 = its caller (or C, after a tail call)
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info then return true end
+    if info.what ~= "C" then return false end
+    level = level + 1
+  end
+end
+
+-- program(fn, ...): fn(...) as the body of a program `nibble run` started (a recipe file, what
+-- recipe.execute runs). A user error (user_message) prints "nibble: MESSAGE" on stderr and ends the
+-- program with exit code 1, without the Lua traceback the host would add; other errors keep theirs
+-- (they are bugs). NIBBLE_DEBUG=1 keeps every traceback. From anywhere else (a spec, a script, the
+-- REPL) it is a plain call, so callers still catch the error.
+function M.program(fn, ...)
+  if M.debug_on() or not program_level() then return fn(...) end
+  local function handler(e)
+    local msg = M.user_message(e)
+    if msg then
+      io.stdout:flush()
+      io.stderr:write("nibble: ", msg, "\n")
+      io.stderr:flush()
+      os.exit(1)   -- the host would print a traceback for any error that reaches it
+    end
+    if type(e) == "string" then return debug.traceback(e, 2) end   -- where it happened, not here
+    return e
+  end
+  local res = { xpcall(fn, handler, ...) }
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+
+-- user_call(f, ...): f(...), where a failure is the user's (a model that cannot be read, a checkpoint
+-- of other settings): its error is raised again as a user error, the message without the position
+-- nibble's errors get when a script called them.
+function M.user_call(f, ...)
+  local res = { pcall(f, ...) }
+  if not res[1] then
+    local e = res[2]
+    if type(e) ~= "string" or e == "interrupted" then error(e, 0) end
+    error((e:gsub("^[^\n]-:%d+: ", "")), 0)
+  end
+  return unpack(res, 2, table.maxn(res))
+end
+
 -- parse(cmd, usage, argv, spec): the option parser every sub-command uses, so they all accept
 -- `--opt VALUE` and `--opt=VALUE` and say the same things about bad input. spec is a list of
 --   { "--long", "-s", key = "name", arg = "PATH" }          an option with a value (named in errors)
