@@ -1,6 +1,9 @@
 -- nibble.cli.parse: the option parser of every sub-command (values inline or next, numbers with
--- their rules, flags, lists, positional words) and the messages it writes for bad input.
+-- their rules, flags, lists, positional words) and the messages it writes for bad input; how programs
+-- that `nibble run` starts report errors (a refused request: one line; a bug or NIBBLE_DEBUG=1: the
+-- traceback), and `nibble run --help`.
 local cli = require("nibble.cli")
+local nbspec = require("nbspec")
 
 local SPEC = {
   { "--model", "-m", key = "model", arg = "PATH" }, { "-n", key = "n", num = "int0" },
@@ -71,5 +74,108 @@ describe("nibble.cli.parse", function()
       assert.are.equal("usage: nibble demo ...\n", out)
       assert.are.equal("", err)
     end
+  end)
+end)
+
+-- runs f with io.stdout captured; returns its results and what it wrote
+local function captured(f, ...)
+  local out = {}
+  local so = io.stdout
+  io.stdout = { write = function(_, ...) for _, x in ipairs({ ... }) do out[#out + 1] = x end end }
+  local res = { pcall(f, ...) }
+  io.stdout = so
+  assert(res[1], res[2])
+  return table.concat(out), unpack(res, 2, table.maxn(res))
+end
+
+describe("errors of programs that nibble run starts", function()
+  it("user_message: a string raised without a position is a refused request; the rest are not", function()
+    assert.are.equal("qad.lua: kd must be kl, reverse_kl or topk, got 'ce'",
+      cli.user_message("qad.lua: kd must be kl, reverse_kl or topk, got 'ce'"))
+    assert.are.equal("NB_ERR_IO: cannot open /x: No such file or directory",
+      cli.user_message("NB_ERR_IO: cannot open /x: No such file or directory"))
+    assert.is_nil(cli.user_message("recipes/x.lua:3: attempt to index a nil value"))
+    assert.is_nil(cli.user_message("/work/lua/nibble/qad.lua:12: boom\nmore"))
+    assert.is_nil(cli.user_message('[string "x"]:1: boom'))
+    assert.is_nil(cli.user_message("interrupted"))
+    assert.is_nil(cli.user_message({}))
+    assert.is_nil(cli.user_message(nil))
+  end)
+
+  it("program is a plain call from Lua (a spec, a script, the REPL): results and errors reach the caller", function()
+    assert.are.same({ 1, 2 }, { cli.program(function(a, b) return a, b end, 1, 2) })
+    assert.are.equal("x: refused", nbspec.err_of(cli.program, function() error("x: refused", 0) end))
+  end)
+
+  it("user_call raises a failure again without the position a script's call gave it", function()
+    assert.are.equal("boom", nbspec.err_of(cli.user_call, function() error("boom") end))
+    assert.are.equal("interrupted", nbspec.err_of(cli.user_call, function() error("interrupted", 0) end))
+    local t = {}
+    local ok, e = pcall(cli.user_call, function() error(t) end)
+    assert.is_false(ok)
+    assert.are.equal(t, e)
+    assert.are.same({ 3 }, { cli.user_call(function(x) return x + 1 end, 2) })
+  end)
+
+  local tmp = nbspec.private_dir()
+  local function script(name, body)
+    local p = tmp .. "/" .. name
+    nbspec.write(p, body)
+    return p
+  end
+
+  it("nibble run: a refused request is one line and exit code 1; NIBBLE_DEBUG=1 adds the traceback", function()
+    local p = script("refuse.lua", "return require('nibble.cli').program(function() error('demo: refused', 0) end)\n")
+    local out, err, rc = nbspec.nibble { "run", p }
+    assert.are.equal(1, rc)
+    assert.are.equal("", out)
+    assert.are.equal("nibble: demo: refused\n", err)
+    local _, err2, rc2 = nbspec.nibble({ "run", p }, nil, { NIBBLE_DEBUG = "1" })
+    assert.are.equal(1, rc2)
+    assert.truthy(err2:find("nibble: demo: refused\nstack traceback:\n", 1, true), err2)
+  end)
+
+  it("nibble run: a bug keeps its traceback, with the file and line", function()
+    local p = script("bug.lua", "return require('nibble.cli').program(function()\n  local t = nil\n  return t.x\nend)\n")
+    local _, err, rc = nbspec.nibble { "run", p }
+    assert.are.equal(1, rc)
+    assert.truthy(err:find("nibble: " .. p .. ":3: attempt to index", 1, true), err)
+    assert.truthy(err:find("stack traceback:", 1, true), err)
+  end)
+
+  it("nibble run: a declarative recipe refused by recipe.execute is one line", function()
+    local p = script("bad_distill.lua", "return nibble.recipe { model = { path = '/nonexistent' }, distill = { stepz = 3 } }\n")
+    local _, err, rc = nbspec.nibble { "run", p }
+    assert.are.equal(1, rc)
+    assert.are.equal("nibble: recipe: unknown key 'stepz' in 'distill' (did you mean 'steps'?)\n", err)
+  end)
+
+  it("nibble run recipes/qad.lua: bad keys and values are one line, --help prints the keys", function()
+    local src = nbspec.source_dir .. "/recipes/qad.lua"
+    for _, c in ipairs {
+      { "format=nvfp5", "nibble: qad.lua: unknown format 'nvfp5' (did you mean 'nvfp4'?); known: fp8, fp8_per_channel, "
+                        .. "mxfp8, nvfp4, nvfp4_4o6, nvfp4_4o6_a4, nvfp4_static, nvfp4_w4a16\n" },
+      { "kd=ce", "nibble: qad.lua: kd must be kl, reverse_kl or topk, got 'ce'\n" },
+      { "stpes=5", "nibble: qad.lua: unknown key 'stpes' (did you mean 'steps'?); --help lists the keys\n" },
+      { "lr=fast", "nibble: qad.lua: lr must be a number, got 'fast'\n" },
+    } do
+      local out, err, rc = nbspec.nibble { "run", src, "model=/nonexistent", c[1] }
+      assert.are.equal(1, rc, c[1])
+      assert.are.equal("", out)
+      assert.are.equal(c[2], err)
+    end
+    local out, err, rc = nbspec.nibble { "run", src, "--help" }
+    assert.are.equal(0, rc, err)
+    assert.matches("^Quantization%-aware distillation as a recipe", out)
+    assert.truthy(out:find("[lm_loss=true kd_loss_scale=S: loss = CE + S * KD]", 1, true), out)
+  end)
+
+  it("nibble run usage: the run command's text, listed by nibble --help", function()
+    local out, code = captured(cli.main, "run", { "--help" })
+    assert.are.equal(0, code)
+    assert.matches("^usage: nibble run FILE", out)
+    assert.truthy(out:find("NIBBLE_DEBUG=1 prints the traceback for every error", 1, true), out)
+    local help = nbspec.nibble { "--help" }
+    assert.matches("nibble run %.%.%.%s+run a Lua script or a recipe", help)
   end)
 end)

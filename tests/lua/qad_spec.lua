@@ -106,6 +106,69 @@ describe("qad.config", function()
     assert.matches("lr_scale_unquantized must be >= 0", err_of(qad.config, { lr_scale_unquantized = -2 }))
     assert.matches("unknown key 'stepz' %(did you mean 'steps'%?%)", err_of(qad.config, { stepz = 3 }))
   end)
+
+  it("refuses impossible settings before any compute: T <= 0, min_lr above lr, empty batches or rows", function()
+    assert.matches("distill: temperature must be > 0, got 0$", err_of(qad.config, { temperature = 0 }))
+    assert.matches("distill: temperature must be > 0, got %-1$", err_of(qad.config, { temperature = "-1" }))
+    assert.matches("distill: min_lr 0.001 is above lr 0.0001", err_of(qad.config, { lr = 1e-4, min_lr = 1e-3 }))
+    assert.matches("distill: batch must be >= 1, got 0", err_of(qad.config, { batch = 0 }))
+    assert.matches("distill: seq_len must be >= 1, got 0", err_of(qad.config, { seq_len = 0 }))
+    assert.matches("distill: kd_loss_scale must be >= 0", err_of(qad.config, { kd_loss_scale = -1 }))
+    local c = qad.config { lr = 1e-4, min_lr = 1e-4, kd_loss_scale = "0.25", ignore_index = "-1" }
+    assert.are.equal(0.25, c.loss.kd_loss_scale)
+    assert.are.equal(-1, c.loss.ignore_index)
+  end)
+
+  it("loss_text says the loss of the run header (kd, top-k, T, LM loss)", function()
+    assert.are.equal("KL(teacher || student), T = 1", qad.loss_text(qad.config {}))
+    assert.are.equal("top-8 KL(teacher || student) (renorm), T = 2",
+      qad.loss_text(qad.config { loss = "topk", topk = 8, temperature = 2 }))
+    assert.are.equal("CE + 0.5 x reverse KL(student || teacher), T = 1",
+      qad.loss_text(qad.config { loss = "reverse_kl", lm_loss = true, kd_loss_scale = 0.5 }))
+  end)
+end)
+
+describe("metrics files and identities", function()
+  it("cut_metrics keeps what a run had written up to its checkpoint (atomically), once", function()
+    local path = tmp .. "/cut.jsonl"
+    local rows = { '{"step": 0, "eval_ppl": 4.2, "eval_kld": 0.09}' }
+    for i = 1, 6 do rows[#rows + 1] = ('{"step": %d, "loss": 0.%d}'):format(i, i) end
+    table.insert(rows, 5, '{"step": 4, "eval_ppl": 4.1, "eval_kld": 0.05}')   -- eval_every = 4, after the save
+    nbspec.write(path, table.concat(rows, "\n") .. '\n{"step": 7, "lo')        -- a kill mid-line
+    assert.are.same({ 6, 3 }, { qad.cut_metrics(path, 4, 10) })
+    assert.are.equal(table.concat(rows, "\n", 1, 6) .. "\n", nbspec.read(path))
+    assert.is_nil(nbspec.read(path .. ".part"))
+    -- at the last step, the final eval row goes: the resumed run records it again
+    nbspec.write(path, '{"step": 0, "eval_kld": 0.1}\n{"step": 1, "loss": 1}\n{"step": 2, "loss": 2}\n'
+                       .. '{"step": 2, "eval_kld": 0.05}\n')
+    assert.are.same({ 3, 1 }, { qad.cut_metrics(path, 2, 2) })
+    assert.are.equal('{"step": 0, "eval_kld": 0.1}\n{"step": 1, "loss": 1}\n{"step": 2, "loss": 2}\n', nbspec.read(path))
+    assert.are.same({ 3, 0 }, { qad.cut_metrics(path, 2, 2) })
+    assert.are.same({ 0, 0 }, { qad.cut_metrics(tmp .. "/none.jsonl", 2, 2) })
+  end)
+
+  it("model_identity follows the weights, config and tokenizer, not the folder's name or place", function()
+    if not need(stories) then return end
+    local function copy(dir)
+      os.execute(("mkdir -p %s && cp %s/* %s/"):format(nbspec.quote(dir), nbspec.quote(stories), nbspec.quote(dir)))
+      return dir
+    end
+    local a, b = copy(tmp .. "/ida/hf"), copy(tmp .. "/idb/hf")
+    local id = qad.model_identity(stories)
+    assert.matches("^%x+$", id)
+    assert.are.equal(id, qad.model_identity(a))
+    assert.are.equal(id, qad.model_identity(a .. "/"))
+    -- other weights (the last bytes of the last tensor) in a folder of the same name
+    local w = nbspec.read(b .. "/model.safetensors")
+    nbspec.write(b .. "/model.safetensors", w:sub(1, -5) .. "\0\0\128\63")
+    assert.are_not.equal(id, qad.model_identity(b))
+    nbspec.write(b .. "/model.safetensors", w)
+    assert.are.equal(id, qad.model_identity(b))
+    local cfg = nbspec.read(b .. "/config.json")
+    nbspec.write(b .. "/config.json", cfg:gsub('"rms_norm_eps": 1e%-05', '"rms_norm_eps": 1e-06'))
+    assert.are_not.equal(id, qad.model_identity(b))
+    assert.is_nil(qad.model_identity(tmp .. "/nothing"))
+  end)
 end)
 
 describe("step-level API", function()
@@ -374,6 +437,137 @@ describe("recipes/qad.lua", function()
       err_of(qad.run, load { model = stories, out = tmp .. "/x" }, nil, { dry_run = true }))
   end)
 
+  it("passes every distill key on (t2, kd_loss_scale, topk_norm, AdamW's, the data's) and refuses unknown keys", function()
+    if not need(stories, train) then return end
+    local r = qad.run(load { model = stories, data = train, kd = "topk", topk = "8", topk_norm = "ghost", t2 = "false",
+                             temperature = "2", lm_loss = "true", kd_loss_scale = "0.5", ignore_index = "-1",
+                             weight_decay = "0.01", beta1 = "0.8", beta2 = "0.95", eps = "1e-6", clip = "0.5",
+                             pack = "false", eos = "true", separator = "<|endoftext|>", text_field = "body" },
+                      nil, { dry_run = true, quiet = true })
+    local c = r.config
+    assert.are.equal(8, c.loss.top_k)
+    assert.are.equal(C.NB_TOPK_GHOST, c.loss.topk_norm)
+    assert.are.equal(0, c.loss.t2_scale)
+    assert.are.equal(2, c.loss.temperature)
+    assert.are.equal(1, c.loss.lm_loss)
+    assert.are.equal(0.5, c.loss.kd_loss_scale)
+    assert.are.equal(-1, c.loss.ignore_index)
+    assert.are.equal(0.01, c.weight_decay)
+    assert.are.equal(0.8, c.beta1)
+    assert.are.equal(0.95, c.beta2)
+    assert.are.equal(1e-6, c.eps)
+    assert.are.equal(0.5, c.clip)
+    local d = r.recipe.distill
+    assert.are.same({ false, true, "<|endoftext|>", "body" }, { d.pack, d.eos, d.separator, d.text_field })
+    assert.are.equal("qad.lua: unknown key 'stpes' (did you mean 'steps'?); --help lists the keys",
+      err_of(load, { model = stories, data = train, stpes = "5" }))
+    assert.are.equal("qad.lua: topk=5 needs kd=topk (the KD loss over the teacher's top k)",
+      err_of(load, { model = stories, data = train, topk = "5" }))
+    assert.are.equal("qad.lua: t2 must be true or false, got 'no'", err_of(load, { model = stories, data = train, t2 = "no" }))
+  end)
+
+  it("refuses impossible requests before any compute, naming them", function()
+    if not need(stories, train) then return end
+    local function dry(extra)
+      local a = { model = stories, data = train, out = tmp .. "/never" }
+      for k, v in pairs(extra) do a[k] = v end
+      return qad.run(load(a), nil, { dry_run = true, quiet = true })
+    end
+    local function refused(extra) return err_of(dry, extra) end
+    assert.are.equal("distill: seq_len 100000 is more than the model's max_position_embeddings 512 "
+                     .. "(allow_long=true runs it anyway)", refused { seq_len = "100000" })
+    assert.are.equal(100000, tonumber(dry({ seq_len = "100000", allow_long = "true" }).recipe.distill.seq_len))
+    assert.are.equal("eval: ctx 1024 is more than the model's max_position_embeddings 512 (allow_long=true runs it anyway)",
+      refused { eval_data = valid, ctx = "1024" })
+    assert.are.equal("distill: topk 100000 is more than the model's vocabulary (512 tokens)",
+      refused { kd = "topk", topk = "100000" })
+    assert.matches("distill: seq_len must be >= 1, got 0", refused { seq_len = "0" })
+    assert.matches("distill: batch must be >= 1, got 0", refused { batch = "0" })
+    assert.matches("distill: temperature must be > 0, got 0", refused { temperature = "0" })
+    assert.matches("distill: min_lr 0.001 is above lr 0.0001", refused { lr = "1e-4", min_lr = "1e-3" })
+    -- files: W4A4 calibrates on calib, the data and eval data are files
+    assert.matches("^calibration data /nonexistent/c.txt does not exist", refused { format = "nvfp4", calib = "/nonexistent/c.txt" })
+    assert.are.equal("calibration: seq_len 4096 is more than the model's max_position_embeddings 512 "
+                     .. "(allow_long=true runs it anyway)", refused { format = "nvfp4", calib_seq_len = "4096" })
+    dry { format = "nvfp4_w4a16", calib = "/nonexistent/c.txt" }   -- weight-only: the calibration text is not read
+    assert.are.equal(("distill.data %s is a folder; give a file"):format(tmp), refused { data = tmp })
+    assert.are.equal(("eval data %s is a folder; give a file"):format(tmp), refused { eval_data = tmp })
+    assert.are.equal(("distill: metrics %s is a folder; give a file"):format(tmp), refused { metrics = tmp })
+    assert.matches("cannot be written", refused { metrics = "/nonexistent/m.jsonl" })
+    -- where the export goes
+    assert.are.equal("export: out=/proc/x: cannot write in /proc", refused { out = "/proc/x" })
+    assert.are.equal("export: out=/nonexistent/x: the folder /nonexistent does not exist", refused { out = "/nonexistent/x" })
+    nbspec.write(tmp .. "/afile", "x")
+    assert.are.equal(("export: out=%s/afile is a file, not a folder"):format(tmp), refused { out = tmp .. "/afile" })
+    os.execute(("mkdir -p %s && echo hi > %s"):format(nbspec.quote(tmp .. "/mine"), nbspec.quote(tmp .. "/mine/notes.txt")))
+    assert.matches("exists and is not a nibble export", refused { out = tmp .. "/mine" })
+    local copy = tmp .. "/model-copy"
+    os.execute(("mkdir -p %s && cp %s/* %s/"):format(nbspec.quote(copy), nbspec.quote(stories), nbspec.quote(copy)))
+    assert.are.equal(("export: out=%s is the folder of the model %s; choose another output folder"):format(copy, copy),
+      err_of(qad.run, load { model = copy, data = train, out = copy }, nil, { dry_run = true, quiet = true }))
+    assert.is_nil(nbspec.read(tmp .. "/mine/model.safetensors"))
+  end)
+
+  it("checkpoints: a fresh run over them is refused, resume = true checks every setting, a finished run resumed "
+     .. "trains nothing, and the metrics keep one row per step", function()
+    if not need(stories, train, valid) then return end
+    local base = { model = stories, data = train, eval_data = valid, ctx = "64", chunks = "2", steps = "4", batch = "2",
+                   seq_len = "32", lr = "3e-4", checkpoint_every = "2", out = tmp .. "/rck", metrics = tmp .. "/rck.jsonl" }
+    local function with(extra)
+      local a = {}
+      for k, v in pairs(base) do a[k] = v end
+      for k, v in pairs(extra or {}) do a[k] = v end
+      return load(a)
+    end
+    local function rows(path)   -- the rows without their timings
+      local out = {}
+      for l in io.lines(path) do
+        local t = nibble.json.decode(l)
+        out[#out + 1] = t.loss and ("%d loss %.9g"):format(t.step, t.loss) or ("%d eval %.9g"):format(t.step, t.eval_kld)
+      end
+      return out
+    end
+    local ckdir = tmp .. "/rck-checkpoints"
+    local r1 = qad.run(with(), nil, { quiet = true })
+    assert.are.equal(4, #r1.metrics)
+    local ref, ref_rows = nbspec.read(tmp .. "/rck/model.safetensors"), rows(tmp .. "/rck.jsonl")
+    assert.are.equal(6, #ref_rows)   -- eval at 0, steps 1-4, eval at 4
+    assert.matches("step%-00000004$", qad.latest(ckdir))   -- the last step has one too
+    -- a fresh run over them
+    assert.are.equal(("qad: %s already holds checkpoints (the latest of step 4): resume=true continues that run, "
+                      .. "overwrite=true starts again and removes them"):format(ckdir), err_of(qad.run, with(), nil, { quiet = true }))
+    -- resume = true with other settings: refused up front, numbers as written
+    local function changed(extra)
+      extra.resume = "true"
+      return err_of(qad.run, with(extra), nil, { quiet = true })
+    end
+    assert.matches("settings changed %(format: the checkpoint has nvfp4_w4a16, this run mxfp8%)", changed { format = "mxfp8" })
+    assert.matches("settings changed %(algorithm: the checkpoint has max, this run mse%)", changed { algorithm = "mse" })
+    assert.matches("settings changed %(lr: the checkpoint has 0.0003, this run 0.0001%)", changed { lr = "1e-4" })
+    assert.matches("settings changed %(seed: the checkpoint has 1, this run 2%)", changed { seed = "2" })
+    assert.matches("settings changed %(kd: the checkpoint has kl, this run reverse_kl%)", changed { kd = "reverse_kl" })
+    assert.matches("settings changed %(data: the checkpoint's run used .*train.*, this run .*valid.* %(not the same content%)%)",
+      changed { data = valid })
+    assert.matches("resume and overwrite exclude each other", changed { overwrite = "true" })
+    -- the finished run resumed: nothing to train, the same export, the same rows
+    local r2 = qad.run(with { resume = "true" }, nil, { quiet = true })
+    assert.are.equal(0, #r2.metrics)
+    assert.are.equal(ref, nbspec.read(tmp .. "/rck/model.safetensors"))
+    assert.are.same(ref_rows, rows(tmp .. "/rck.jsonl"))
+    -- killed after step 4 with the last checkpoint at 2: steps 3 and 4 are trained and recorded once again
+    nbspec.write(ckdir .. "/latest", "step-00000002\n")
+    os.execute("rm -rf " .. nbspec.quote(ckdir .. "/step-00000004"))
+    local r3 = qad.run(with { resume = "true" }, nil, { quiet = true })
+    assert.are.equal(2, #r3.metrics)
+    assert.are.equal(ref, nbspec.read(tmp .. "/rck/model.safetensors"))
+    assert.are.same(ref_rows, rows(tmp .. "/rck.jsonl"))
+    -- overwrite = true starts again from step 0
+    local r4 = qad.run(with { overwrite = "true" }, nil, { quiet = true })
+    assert.are.equal(4, #r4.metrics)
+    assert.are.equal(ref, nbspec.read(tmp .. "/rck/model.safetensors"))
+    assert.are.same(ref_rows, rows(tmp .. "/rck.jsonl"))
+  end)
+
   it("nibble plan shows the recipe's quantization plan", function()
     if not need(stories, train) then return end
     local out, e, rc = nbspec.nibble { "plan", src .. "/recipes/qad.lua", "model=" .. stories, "data=" .. train }
@@ -393,6 +587,48 @@ describe("recipes/quickstart.lua", function()
     local _, e2, rc2 = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. tmp .. "/none", "dry_run=true" }
     assert.are.equal(1, rc2)
     assert.matches("does not exist", e2)
+  end)
+
+  it("refuses unknown keys and bad formats before it loads anything", function()
+    if not need(stories) then return end
+    local qs = src .. "/recipes/quickstart.lua"
+    local out, e, rc = nbspec.nibble { "run", qs, "model=" .. stories, "dry_run=true", "stpes=2" }
+    assert.are.equal(1, rc)
+    assert.are.equal("", out)
+    assert.are.equal("nibble: quickstart: unknown key 'stpes' (did you mean 'steps'?); --help lists the keys\n", e)
+    local _, e2, rc2 = nbspec.nibble { "run", qs, "model=" .. stories, "format=nvfp5", "out=" .. tmp .. "/qsbad" }
+    assert.are.equal(1, rc2)
+    assert.are.equal("nibble: quickstart: unknown format 'nvfp5' (did you mean 'nvfp4'?); known: fp8, fp8_per_channel, "
+                     .. "mxfp8, nvfp4, nvfp4_4o6, nvfp4_4o6_a4, nvfp4_static, nvfp4_w4a16\n", e2)
+    local _, e3, rc3 = nbspec.nibble { "run", qs, "model=" .. stories, "dry_run=true", "seq_len=4096" }
+    assert.are.equal(1, rc3)
+    assert.matches("nibble: quickstart: seq_len 4096 is more than the model's max_position_embeddings 512", e3)
+    local _, e4, rc4 = nbspec.nibble { "run", qs, "model=" .. stories, "dry_run=true", "out=/proc/qs" }
+    assert.are.equal(1, rc4)
+    assert.matches("nibble: export: out=/proc/qs: cannot write in /proc\n$", e4)
+  end)
+
+  it("the sampled text is cached per model: the same folder name with other weights samples again", function()
+    if not need(stories) then return end
+    local function copy(dir)
+      os.execute(("mkdir -p %s && cp %s/* %s/"):format(nbspec.quote(dir), nbspec.quote(stories), nbspec.quote(dir)))
+      return dir
+    end
+    local a, b = copy(tmp .. "/qsa/hf"), copy(tmp .. "/qsb/hf")
+    local w = nbspec.read(b .. "/model.safetensors")
+    nbspec.write(b .. "/model.safetensors", w:sub(1, -5) .. "\0\0\128\63")
+    local function qs(model, out)
+      local _, e, rc = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. model, "prompts=1",
+        "samples=2", "eval_samples=2", "tokens=16", "steps=1", "batch=1", "seq_len=16", "out=" .. tmp .. "/" .. out,
+        "cache=" .. tmp .. "/qs-id-cache" }
+      assert.are.equal(0, rc, e)
+      return e
+    end
+    assert.matches("train tokens sampled", qs(a, "qsa-out"))
+    local eb = qs(b, "qsb-out")
+    assert.matches("train tokens sampled", eb)
+    assert.is_nil(eb:find("(cached)", 1, true))
+    assert.matches("%(cached%)", qs(a, "qsa-out2"))
   end)
 
   it("runs the whole job in miniature on stories260K: samples, PTQ, QAD, export, table", function()
@@ -467,6 +703,19 @@ describe("nibble run recipes/qad.lua on stories260K", function()
     assert.matches("usage: nibble plot", pe2)
   end)
 
+  -- After a resume, the metrics hold every step once, in order, and the evals at 0 and 24 once.
+  local function assert_steps_once(path)
+    local steps, evals = {}, {}
+    for l in io.lines(path) do
+      local t = nibble.json.decode(l)
+      if t.loss then steps[#steps + 1] = t.step else evals[#evals + 1] = t.step end
+    end
+    local want = {}
+    for i = 1, 24 do want[i] = i end
+    assert.are.same(want, steps)
+    assert.are.same({ 0, 24 }, evals)
+  end
+
   -- Run in the background; once the metrics file shows step k (random), send the signal.
   local function interrupted_run(name, sig, k, extra)
     local metrics = tmp .. "/" .. name .. ".jsonl"
@@ -496,6 +745,7 @@ describe("nibble run recipes/qad.lua on stories260K", function()
     assert.are.equal(0, rc2, e)
     assert.matches("resumed from .*step%-", e)
     assert.are.same(ref, files(tmp .. "/int"))
+    assert_steps_once(tmp .. "/int.jsonl")
   end)
 
   it("SIGKILL with checkpoint_every=1: resume=true ends with the same export bytes", function()
@@ -504,9 +754,11 @@ describe("nibble run recipes/qad.lua on stories260K", function()
     local rc, log = interrupted_run("kill", "KILL", k, { "checkpoint_every=1" })
     if rc == 0 then pending("the run finished before the signal") return end
     assert.are.equal(137, rc, log)
-    local _, e, rc2 = nbspec.nibble(args { "out=" .. tmp .. "/kill", "resume=true", "checkpoint_every=1" })
+    local _, e, rc2 = nbspec.nibble(args { "out=" .. tmp .. "/kill", "resume=true", "checkpoint_every=1",
+                                           "metrics=" .. tmp .. "/kill.jsonl" })
     assert.are.equal(0, rc2, e)
     assert.matches("resumed from .*step%-", e)
     assert.are.same(ref, files(tmp .. "/kill"))
+    assert_steps_once(tmp .. "/kill.jsonl")
   end)
 end)
