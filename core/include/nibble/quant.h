@@ -1,7 +1,15 @@
 /* Quantization: the format traits table, quantized tensors, quantizers with calibrated state,
  * calibrators (max, MSE, four_over_six), fake quant with a straight-through backward.
  * Numerics follow ModelOpt's export path bit for bit (FORMATS.md §1, §2, §5, §6, §8.3). Fake quant is
- * dequantize(quantize(x)) from the same row code, so what was trained is what ships. */
+ * dequantize(quantize(x)) from the same row code, so what was trained is what ships.
+ *
+ * A zero amax (an all-zero tensor, a dead output row, activations that were all zero) is replaced by
+ * the format's maxbound, as ModelOpt's TensorQuantizer._sanitize_export_amax does: 448 for FP8 (per
+ * tensor or per row: scale 1.0) and 6 for the NVFP4 family (weight_scale_2 = 6/(6*448) = 1/448, or
+ * 6/(6*256) for four_over_six). The scale stays positive, the codes are 0 and fake quant gives zeros.
+ * (ModelOpt 0.47's own weight export skips that step for FP8 per tensor and dynamic NVFP4 and writes a
+ * 0 scale with NaN codes; tests/golden/gen_quant_zero_golden.py records both.) A NaN/Inf amax stays an
+ * error. Every entry point returns NB_ERR_INVALID for a NULL argument it needs. */
 #ifndef NIBBLE_QUANT_H
 #define NIBBLE_QUANT_H
 
@@ -138,8 +146,11 @@ typedef struct nb_qparams {
 /* Parameters for a format: amaxes "from the data" (-1), no block amax, fp8_div_dtype -1. */
 void nb_qparams_init(nb_qparams *p, nb_qformat f);
 /* Quantize x (F32, BF16 or F16, any shape with ndim >= 1) into a new quantized tensor.
- * Errors: NB_ERR_SHAPE (last dim vs block), NB_ERR_NUMERIC (first NaN/Inf, flat index),
- * NB_ERR_INVALID (a per-tensor amax of 0: an all-zero tensor has no NVFP4/FP8 scale). */
+ * Errors: NB_ERR_SHAPE (last dim vs block; a block_amax / channel_amax that does not fit x: it must
+ * have x's shape with the last dim n/16 (or 1), or be flat (1-D) with that many values),
+ * NB_ERR_NUMERIC (first NaN/Inf in x, flat index; a NaN/Inf or negative amax). A zero amax is the
+ * maxbound (see the top of this file). NB_ERR_INVALID / NB_ERR_UNSUPPORTED when NIBBLE_QUANT_PATH
+ * names no usable path (nibble/quant_fast.h). */
 nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out);
 /* nb_quantize into an existing quantized tensor of the same format and logical shape (from
  * nb_qtensor_new or an earlier nb_quantize), reusing its buffers: every byte of its data and scales
@@ -184,7 +195,10 @@ const char *nb_quantizer_state_name(int i);               /* 0..2, NULL past the
 int nb_quantizer_has_state(const nb_quantizer *q, const char *attr);
 /* A new F32 tensor holding a copy; NB_ERR_UNCALIBRATED if absent, NB_ERR_NOT_FOUND if unknown. */
 nb_status nb_quantizer_get_state(nb_ctx *ctx, const nb_quantizer *q, const char *attr, nb_tensor **out);
-/* Copy (converted to F32) into the state; shapes are checked against what is already there. */
+/* Copy (converted to F32) into the state. A per-block / per-row attribute that is already there can
+ * only be replaced by one of the same shape (NB_ERR_SHAPE naming both; clear it first to change the
+ * shape); calibration replaces state of any shape. A quantize with a state calibrated for a tensor of
+ * another shape is NB_ERR_SHAPE (see nb_quantize). */
 nb_status nb_quantizer_set_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const nb_tensor *value);
 /* Drop one attribute, or all of them (attr NULL). */
 nb_status nb_quantizer_clear_state(nb_ctx *ctx, nb_quantizer *q, const char *attr);
@@ -197,7 +211,8 @@ nb_status nb_quantizer_check(nb_ctx *ctx, const nb_quantizer *q);
  * FP8_TENSOR, "global_amax" for NVFP4 static. */
 nb_status nb_quantizer_global_amax(nb_ctx *ctx, const nb_quantizer *q, float *out);
 /* The per-tensor scale export writes: NVFP4 weight_scale_2 or input_scale (A/(6*norm)), FP8
- * weight_scale or input_scale (amax/448). */
+ * weight_scale or input_scale (amax/448); an amax of 0 counts as the maxbound (6 or 448), as in
+ * quantize, so this is never 0. */
 nb_status nb_quantizer_scale(nb_ctx *ctx, const nb_quantizer *q, float *out);
 /* The quantizer's current parameters (block_amax / channel_amax point into its state). */
 nb_status nb_quantizer_params(nb_ctx *ctx, const nb_quantizer *q, nb_qparams *out);
@@ -214,12 +229,15 @@ nb_status nb_quantizer_backward(nb_ctx *ctx, const nb_quantizer *q, const nb_ten
 
 /* Shared-state groups: fused siblings (q/k/v, gate/up, w1/w3) share one per-tensor amax (so one
  * weight_scale_2), and sibling input quantizers one input amax. Every member reads the maximum
- * over the members; a member without it makes the whole group uncalibrated. Members hold the group. */
+ * over the members; a member without it makes the whole group uncalibrated. Members hold the group.
+ * An MSE / four_over_six search on a static member uses that shared global amax, so every other
+ * member needs its max pass first (NB_ERR_UNCALIBRATED naming the one that lacks it). */
 nb_status nb_qgroup_new(nb_ctx *ctx, const char *name, nb_qgroup **out);
 void nb_qgroup_retain(nb_qgroup *g);
 void nb_qgroup_release(nb_qgroup *g);
 const char *nb_qgroup_name(const nb_qgroup *g);
-/* Add q (same format and static-ness as the other members; NVFP4 family or FP8_TENSOR only). */
+/* Add q (same format and static-ness as the other members; NVFP4 family or FP8_TENSOR only).
+ * Adding a member again changes nothing. */
 nb_status nb_qgroup_add(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q);
 nb_status nb_qgroup_remove(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q);
 int nb_qgroup_size(const nb_qgroup *g);
@@ -230,7 +248,8 @@ nb_qgroup *nb_quantizer_group(const nb_quantizer *q);         /* borrowed; NULL 
 typedef enum nb_calib_method {
     NB_CALIB_MAX           = 0,  /* amax = max |x| (per tensor / row / block as the quantizer needs) */
     NB_CALIB_MSE           = 1,  /* ModelOpt mse: amax x linspace(start, stop) minimizing the summed squared error */
-    NB_CALIB_FOUR_OVER_SIX = 2   /* per block M=6 vs M=4 (= mse with multipliers {1.0, 1.5}); NVFP4_46 static */
+    NB_CALIB_FOUR_OVER_SIX = 2   /* per block M=6 vs M=4 (= mse with multipliers {1.0, 1.5}); NVFP4_46 static only:
+                                  * a dynamic NVFP4_46 quantizer picks per block when it quantizes, so max is its calibration */
 } nb_calib_method;
 
 /* The error the MSE search minimizes is computed with a fake quant: ModelOpt's own fake-quant
@@ -254,13 +273,16 @@ typedef struct nb_calib_config {
 typedef struct nb_calib nb_calib;
 
 void nb_calib_config_init(nb_calib_config *cfg, nb_calib_method m);
-/* An observer for q. MSE / four_over_six search around the quantizer's current amax; if it has
- * none, the first collected batch is max-calibrated first. The quantizer is retained. */
+/* An observer for q. MSE / four_over_six search multiples of the max the observer itself saw over all
+ * its batches (ModelOpt: max calibration, then the search), never of q's current state, so repeating a
+ * search on the same data gives the same state. They keep a copy of every batch until finish (the
+ * centre is known only then); nb_quantizer_calibrate reads its x without a copy. At most 65536
+ * candidates. The quantizer is retained. */
 nb_status nb_calib_new(nb_ctx *ctx, nb_quantizer *q, const nb_calib_config *cfg, nb_calib **out);
 /* Accumulate one batch (amax maxima, or the per-candidate squared errors). */
 nb_status nb_calib_collect(nb_ctx *ctx, nb_calib *c, const nb_tensor *x);
-/* Write the result into the quantizer's state (max also sets global_amax = max(block_amax) for
- * static NVFP4); NB_ERR_INVALID if nothing was collected. A searched per-tensor / per-row amax is
+/* Write the result into the quantizer's state (static NVFP4 also gets global_amax = the data's max,
+ * by max and by the searches); NB_ERR_INVALID if nothing was collected. A searched per-tensor / per-row amax is
  * stored rounded to the calibration tensor's dtype, as ModelOpt's _amax buffer keeps the weight's
  * dtype (static NVFP4 block amax stays f32). Candidates whose amax overflows f32 are skipped. */
 nb_status nb_calib_finish(nb_ctx *ctx, nb_calib *c);

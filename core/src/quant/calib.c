@@ -1,8 +1,10 @@
 /* Calibrators (observers) that accumulate over batches and write a quantizer's state:
  * max (per tensor, per row, per block), ModelOpt's MSE search over amax multipliers (first index
  * wins ties) and four_over_six (MSE with multipliers {1.0, 1.5} on a static NVFP4_46 quantizer).
- * The MSE error is summed per amax element, with ModelOpt's fake-quant arithmetic by default (so the
- * chosen amax matches ModelOpt's) or nibble's export arithmetic. */
+ * As in ModelOpt (max_calibrate, then the search), the candidates are multiples of the max the
+ * observer saw over all its batches, never of the quantizer's current state, so a search repeated on
+ * the same data gives the same state. The MSE error is summed per amax element, with ModelOpt's
+ * fake-quant arithmetic by default (so the chosen amax matches ModelOpt's) or nibble's export arithmetic. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,14 +26,17 @@ struct nb_calib {
     /* the shape of x[..., :-1] seen first (rows) and the last dim */
     int ndim;
     int64_t shape[NB_MAX_DIMS];
-    /* max observer */
+    /* max observer (MSE too: the search's centre) */
     float *vals;          /* [nvals]: the running max per amax element */
     int64_t nvals;
-    /* MSE */
-    int mse_ready;
+    /* MSE: the batches are kept until finish, since the candidates are multiples of the max over all
+     * of them (ModelOpt runs max calibration over every batch before the search) */
+    nb_tensor **batch;    /* [nbatch] contiguous copies (or x itself, retained, for the one-shot calibrate) */
+    int64_t nbatch, batch_cap;
+    int borrow;           /* nb_quantizer_calibrate: x outlives the observer, so it is retained, not copied */
     int64_t ncand;
     float *mult;          /* [ncand] */
-    float *init;          /* [nvals] initial amax per element */
+    float *init;          /* [nvals] initial amax per element (the data max) */
     double *loss;         /* [ncand * nvals] */
     int32_t *choice;      /* [nvals] after finish */
     nb_dtype xdt;         /* dtype of the first batch: a searched per-tensor/row amax is stored in it */
@@ -63,13 +68,22 @@ void nb_calib_config_init(nb_calib_config *cfg, nb_calib_method m) {
 }
 
 nb_status nb_calib_new(nb_ctx *ctx, nb_quantizer *q, const nb_calib_config *cfg, nb_calib **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_calib_new: out is NULL");
     *out = NULL;
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_calib_new: quantizer is NULL");
+    if (!cfg) return nb_fail(ctx, NB_ERR_INVALID, "nb_calib_new: config is NULL (nb_calib_config_init makes one)");
     nb_quantizer_config qc;
     nb_quantizer_get_config(q, &qc);
     const char *name = nb_quantizer_name(q);
     if (cfg->method != NB_CALIB_MAX && cfg->method != NB_CALIB_MSE && cfg->method != NB_CALIB_FOUR_OVER_SIX)
         return nb_fail(ctx, NB_ERR_INVALID, "calibrator for '%s': unknown method %d", name, (int)cfg->method);
-    if (cfg->method == NB_CALIB_FOUR_OVER_SIX && !(qc.format == NB_FMT_NVFP4_46 && qc.is_static))
+    if (cfg->method == NB_CALIB_FOUR_OVER_SIX && qc.format == NB_FMT_NVFP4_46 && !qc.is_static)
+        return nb_fail(ctx, NB_ERR_INVALID,
+                       "calibrator for '%s': four_over_six calibration stores a per-block M=6/M=4 choice, which only a "
+                       "static nvfp4_46 quantizer keeps; this one is dynamic (it picks per block when it quantizes), so "
+                       "calibrate it with max (its global amax), or make it static",
+                       name);
+    if (cfg->method == NB_CALIB_FOUR_OVER_SIX && qc.format != NB_FMT_NVFP4_46)
         return nb_fail(ctx, NB_ERR_INVALID, "calibrator for '%s': four_over_six needs a static nvfp4_46 quantizer, not %s%s",
                        name, nb_qformat_info(qc.format)->name, qc.is_static ? " static" : "");
     if (cfg->method != NB_CALIB_MAX && granularity(&qc) == G_NONE)
@@ -78,6 +92,12 @@ nb_status nb_calib_new(nb_ctx *ctx, nb_quantizer *q, const nb_calib_config *cfg,
     if (cfg->method != NB_CALIB_MAX &&
         (!(cfg->step_size > 0) || !(cfg->stop_multiplier >= cfg->start_multiplier) || !(cfg->start_multiplier > 0)))
         return nb_fail(ctx, NB_ERR_INVALID, "calibrator for '%s': need 0 < start <= stop and step > 0", name);
+    if (cfg->method != NB_CALIB_MAX) {
+        double steps = ceil((cfg->stop_multiplier - cfg->start_multiplier) / cfg->step_size) + 1.0;
+        if (!(steps <= 65536.0))
+            return nb_fail(ctx, NB_ERR_INVALID, "calibrator for '%s': start %g, stop %g, step %g make %.0f MSE candidates; "
+                           "at most 65536", name, cfg->start_multiplier, cfg->stop_multiplier, cfg->step_size, steps);
+    }
     nb_calib *c = calloc(1, sizeof *c);
     if (!c) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (calibrator)");
     c->q = q;
@@ -90,6 +110,8 @@ nb_status nb_calib_new(nb_ctx *ctx, nb_quantizer *q, const nb_calib_config *cfg,
 
 void nb_calib_free(nb_calib *c) {
     if (!c) return;
+    for (int64_t i = 0; i < c->nbatch; i++) nb_tensor_release(c->batch[i]);
+    free(c->batch);
     nb_quantizer_release(c->q);
     free(c->vals);
     free(c->mult);
@@ -99,11 +121,11 @@ void nb_calib_free(nb_calib *c) {
     free(c);
 }
 
-int64_t nb_calib_batches(const nb_calib *c) { return c->batches; }
+int64_t nb_calib_batches(const nb_calib *c) { return c ? c->batches : 0; }
 
 const int32_t *nb_calib_choice(const nb_calib *c, int64_t *n) {
-    if (n) *n = c->choice ? c->nvals : 0;
-    return c->choice;
+    if (n) *n = c && c->choice ? c->nvals : 0;
+    return c ? c->choice : NULL;
 }
 
 /* The number of amax elements for x at this granularity. */
@@ -119,7 +141,7 @@ static int64_t count_for(int gran, int64_t rows, int64_t n) {
 /* Remember the first batch's shape; later batches must have the same per-element layout. */
 static nb_status check_layout(nb_ctx *ctx, nb_calib *c, const nb_tensor *x, int64_t count) {
     const char *name = nb_quantizer_name(c->q);
-    if (c->batches == 0 && !c->vals && !c->mse_ready) {
+    if (c->batches == 0 && !c->vals) {
         c->ndim = x->ndim;
         memcpy(c->shape, x->shape, sizeof c->shape);
         c->nvals = count;
@@ -209,17 +231,17 @@ static nb_status store_max(nb_ctx *ctx, nb_calib *c) {
     switch (c->gran) {
     case G_TENSOR:
         if ((s = nb_tensor_from_data(ctx, NB_F32, 0, NULL, c->vals, &t))) return s;
-        s = nb_quantizer_set_state(ctx, q, "amax", t);
+        s = nbq_quantizer_replace_state(ctx, q, "amax", t);
         break;
     case G_ROW:
         sh[c->ndim - 1] = 1;
         if ((s = nb_tensor_from_data(ctx, NB_F32, c->ndim, sh, c->vals, &t))) return s;
-        s = nb_quantizer_set_state(ctx, q, "amax", t);
+        s = nbq_quantizer_replace_state(ctx, q, "amax", t);
         break;
     case G_BLOCK: {
         sh[c->ndim - 1] /= NB_NVFP4_BLOCK;
         if ((s = nb_tensor_from_data(ctx, NB_F32, c->ndim, sh, c->vals, &t))) return s;
-        if ((s = nb_quantizer_set_state(ctx, q, "block_amax", t))) break;
+        if ((s = nbq_quantizer_replace_state(ctx, q, "block_amax", t))) break;
         /* promote_static_block_weight_quantizers: global_amax = max of the per-block amax */
         float g = 0.0f;
         for (int64_t i = 0; i < c->nvals; i++)
@@ -227,7 +249,7 @@ static nb_status store_max(nb_ctx *ctx, nb_calib *c) {
         nb_tensor_release(t);
         t = NULL;
         if ((s = nb_tensor_from_data(ctx, NB_F32, 0, NULL, &g, &t))) return s;
-        s = nb_quantizer_set_state(ctx, q, "global_amax", t);
+        s = nbq_quantizer_replace_state(ctx, q, "global_amax", t);
         break;
     }
     default:
@@ -332,76 +354,44 @@ static void sse_range(void *arg, int64_t begin, int64_t end) {
     free(buf);
 }
 
-/* Take the quantizer's current amax as the search's starting point (max-calibrating x first when it
- * has none) and lay out the candidates. */
-static nb_status mse_prepare(nb_ctx *ctx, nb_calib *c, const nb_tensor *x, int64_t count) {
-    nb_quantizer *q = c->q;
-    const char *attr = c->gran == G_BLOCK ? "block_amax" : "amax";
-    if (!nb_quantizer_has_state(q, attr)) {
-        nb_calib_config mc;
-        nb_calib_config_init(&mc, NB_CALIB_MAX);
-        nb_calib *m = NULL;
-        nb_status s = nb_calib_new(ctx, q, &mc, &m);
-        if (!s) s = nb_calib_collect(ctx, m, x);
-        if (!s) s = nb_calib_finish(ctx, m);
-        nb_calib_free(m);
+/* Keep one batch for the search at finish. */
+static nb_status keep_batch(nb_ctx *ctx, nb_calib *c, const nb_tensor *x) {
+    if (c->nbatch == c->batch_cap) {
+        int64_t cap = c->batch_cap ? c->batch_cap * 2 : 4;
+        nb_tensor **b = realloc(c->batch, (size_t)cap * sizeof *b);
+        if (!b) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (MSE calibrator)");
+        c->batch = b;
+        c->batch_cap = cap;
+    }
+    nb_tensor *t = NULL;
+    if (c->borrow) {
+        nb_tensor_retain((nb_tensor *)x);
+        t = (nb_tensor *)x;
+    } else {
+        nb_status s = nb_tensor_contiguous(ctx, x, &t);   /* a copy: the caller may refill x before finish */
         if (s) return s;
     }
-    nb_tensor *st = NULL;
-    nb_status s = nb_quantizer_get_state(ctx, q, attr, &st);
-    if (s) return s;
-    if (nb_tensor_numel(st) != count) {
-        nb_tensor_release(st);
-        return nb_fail(ctx, NB_ERR_SHAPE, "calibrator for '%s': its %s has %lld values, this tensor needs %lld",
-                       nb_quantizer_name(q), attr, (long long)nb_tensor_numel(st), (long long)count);
-    }
-    c->ncand = nb_mse_steps(c->cfg.start_multiplier, c->cfg.stop_multiplier, c->cfg.step_size);
-    c->init = malloc((size_t)count * sizeof(float));
-    c->mult = malloc((size_t)c->ncand * sizeof(float));
-    c->loss = calloc((size_t)(c->ncand * count), sizeof(double));
-    if (!c->init || !c->mult || !c->loss) {
-        nb_tensor_release(st);
-        return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (MSE calibrator)");
-    }
-    memcpy(c->init, nb_tensor_data(st), (size_t)count * sizeof(float));
-    nb_tensor_release(st);
-    for (int64_t k = 0; k < c->ncand; k++)
-        c->mult[k] = nb_linspace_f32(c->cfg.start_multiplier, c->cfg.stop_multiplier, c->ncand, k);
-    c->mse_ready = 1;
+    c->batch[c->nbatch++] = t;
     return NB_OK;
 }
 
-static nb_status collect_mse(nb_ctx *ctx, nb_calib *c, const nb_tensor *x) {
+/* Add one batch's squared errors for every candidate to c->loss. */
+static nb_status mse_batch(nb_ctx *ctx, nb_calib *c, const nb_tensor *x, const nb_qparams *p, int mo, float gq) {
     int64_t n = x->shape[x->ndim - 1], rows = n ? nb_tensor_numel(x) / n : 0;
-    int64_t count = count_for(c->gran, rows, n);
-    nb_status s = check_layout(ctx, c, x, count);
-    if (s) return s;
-    if (!c->mse_ready && (s = mse_prepare(ctx, c, x, count))) return s;
-    nb_qparams p;
-    if ((s = nb_quantizer_params(ctx, c->q, &p))) return s;
-    nb_quantizer_config qc;
-    nb_quantizer_get_config(c->q, &qc);
-    /* ModelOpt's metric exists on CPU for FP8 (fp8_eager) and static NVFP4 (the blockwise kernel) */
-    int mo = 0;
-    if (c->cfg.metric == NB_MSE_MODELOPT) {
-        if (qc.format == NB_FMT_FP8_TENSOR || qc.format == NB_FMT_FP8_CHANNEL) mo = 1;
-        else if (c->gran == G_BLOCK) mo = 2;
-    }
-    float gq = 0.0f;
-    if (mo == 2) {
-        float norm = nb_qformat_info(qc.format)->scale_norm;
-        float t = p.global_amax * (448.0f / norm);   /* 448/norm is exact: 1 or 1.75 */
-        gq = t / 6.0f;
-    }
+    int64_t count = c->nvals;
+    nb_status s = NB_OK;
     int64_t nout = c->gran == G_BLOCK ? count : rows;
     double *part = malloc((size_t)(nout ? nout : 1) * sizeof(double));
-    float *cand = malloc((size_t)count * sizeof(float));
-    unsigned char *skip = malloc((size_t)count);
+    float *cand = malloc((size_t)(count ? count : 1) * sizeof(float));
+    unsigned char *skip = malloc((size_t)(count ? count : 1));
     nb_tensor *ct = NULL;
     if (!part || !cand || !skip) { s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory (MSE calibrator)"); goto done; }
     if (c->gran != G_TENSOR) {
-        int64_t one = count;
-        if ((s = nb_tensor_new(ctx, NB_F32, 1, &one, &ct))) goto done;
+        /* the candidate amax in the layout of the state a quantize of x would check */
+        int64_t sh[NB_MAX_DIMS];
+        memcpy(sh, x->shape, sizeof sh);
+        sh[x->ndim - 1] = c->gran == G_BLOCK ? n / NB_NVFP4_BLOCK : 1;
+        if ((s = nb_tensor_new(ctx, NB_F32, x->ndim, sh, &ct))) goto done;
     }
     for (int64_t k = 0; k < c->ncand; k++) {
         /* MseCalibrator._compute_candidate_amax: initial_amax * candidate in f32; a per-row amax is a
@@ -416,7 +406,7 @@ static nb_status collect_mse(nb_ctx *ctx, nb_calib *c, const nb_tensor *x) {
         }
         double *L = c->loss + k * count;
         if (c->gran == G_TENSOR && any_skip) { L[0] = INFINITY; continue; }
-        nb_qparams pc = p;
+        nb_qparams pc = *p;
         if (c->gran == G_TENSOR) pc.amax = cand[0];
         else {
             memcpy(nb_tensor_data(ct), cand, (size_t)count * sizeof(float));
@@ -447,24 +437,74 @@ done:
     return s;
 }
 
+/* The search: candidates around the data max of every kept batch, their summed errors, the argmin
+ * per element, written into the quantizer. Static NVFP4 also stores its global_amax = the data max
+ * (what a max pass stores); the search's global amax is the group's, with this member's data max. */
 static nb_status store_mse(nb_ctx *ctx, nb_calib *c) {
+    nb_quantizer *q = c->q;
+    nb_quantizer_config qc;
+    nb_quantizer_get_config(q, &qc);
+    int64_t count = c->nvals;
+    free(c->init);
+    free(c->mult);
+    free(c->loss);
     free(c->choice);
-    c->choice = malloc((size_t)c->nvals * sizeof(int32_t));
-    float *best = malloc((size_t)c->nvals * sizeof(float));
+    c->init = NULL;
+    c->mult = NULL;
+    c->loss = NULL;
+    c->choice = NULL;
+    c->ncand = nb_mse_steps(c->cfg.start_multiplier, c->cfg.stop_multiplier, c->cfg.step_size);
+    c->init = malloc((size_t)(count ? count : 1) * sizeof(float));
+    c->mult = malloc((size_t)c->ncand * sizeof(float));
+    c->loss = calloc((size_t)(c->ncand * (count ? count : 1)), sizeof(double));
+    float *best = malloc((size_t)(count ? count : 1) * sizeof(float));
+    if (!c->init || !c->mult || !c->loss || !best) {
+        free(best);
+        return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (MSE calibrator)");
+    }
+    memcpy(c->init, c->vals, (size_t)count * sizeof(float));
+    for (int64_t k = 0; k < c->ncand; k++)
+        c->mult[k] = nb_linspace_f32(c->cfg.start_multiplier, c->cfg.stop_multiplier, c->ncand, k);
+    nb_qparams p;
+    nb_qparams_init(&p, qc.format);
+    p.name = nb_quantizer_name(q);
+    p.mx_floor = qc.mx_floor;
+    p.fp8_div_dtype = qc.fp8_div_dtype;
+    float own = 0.0f;
     nb_status s = NB_OK;
-    if (!c->choice || !best) { free(best); return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (MSE calibrator)"); }
-    for (int64_t e = 0; e < c->nvals; e++) {
+    if (c->gran == G_BLOCK) {
+        for (int64_t e = 0; e < count; e++)
+            if (c->vals[e] > own) own = c->vals[e];
+        if ((s = nbq_group_amax_with(ctx, q, own, "calibrator", &p.global_amax))) { free(best); return s; }
+        if (p.global_amax == 0.0f) p.global_amax = nbq_maxbound(qc.format);   /* as quantize will (all-zero) */
+    }
+    /* ModelOpt's metric exists on CPU for FP8 (fp8_eager) and static NVFP4 (the blockwise kernel) */
+    int mo = 0;
+    if (c->cfg.metric == NB_MSE_MODELOPT) {
+        if (qc.format == NB_FMT_FP8_TENSOR || qc.format == NB_FMT_FP8_CHANNEL) mo = 1;
+        else if (c->gran == G_BLOCK) mo = 2;
+    }
+    float gq = 0.0f;
+    if (mo == 2) {
+        float norm = nb_qformat_info(qc.format)->scale_norm;
+        float t = p.global_amax * (448.0f / norm);   /* 448/norm is exact: 1 or 1.75 */
+        gq = t / 6.0f;
+    }
+    for (int64_t b = 0; b < c->nbatch && !s; b++) s = mse_batch(ctx, c, c->batch[b], &p, mo, gq);
+    if (s) { free(best); return s; }
+    c->choice = malloc((size_t)(count ? count : 1) * sizeof(int32_t));
+    if (!c->choice) { free(best); return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (MSE calibrator)"); }
+    for (int64_t e = 0; e < count; e++) {
         int64_t bi = 0;   /* torch.argmin: the first index on ties */
         for (int64_t k = 1; k < c->ncand; k++)
-            if (c->loss[k * c->nvals + e] < c->loss[bi * c->nvals + e]) bi = k;
+            if (c->loss[k * count + e] < c->loss[bi * count + e]) bi = k;
         c->choice[e] = (int32_t)bi;
         best[e] = c->init[e] * c->mult[bi];
         /* ModelOpt's _amax buffer keeps the weight's dtype (static NVFP4 keeps f32) */
         if (c->gran != G_BLOCK) best[e] = round_to(best[e], c->xdt);
         if (!isfinite(best[e])) {
             free(best);
-            return nb_fail(ctx, NB_ERR_NUMERIC, "calibrator for '%s': every candidate amax overflows",
-                           nb_quantizer_name(c->q));
+            return nb_fail(ctx, NB_ERR_NUMERIC, "calibrator for '%s': every candidate amax overflows", nb_quantizer_name(q));
         }
     }
     nb_tensor *t = NULL;
@@ -475,15 +515,22 @@ static nb_status store_mse(nb_ctx *ctx, nb_calib *c) {
         sh[c->ndim - 1] = c->gran == G_ROW ? 1 : sh[c->ndim - 1] / NB_NVFP4_BLOCK;
         s = nb_tensor_from_data(ctx, NB_F32, c->ndim, sh, best, &t);
     }
-    if (!s) s = nb_quantizer_set_state(ctx, c->q, c->gran == G_BLOCK ? "block_amax" : "amax", t);
+    if (!s) s = nbq_quantizer_replace_state(ctx, q, c->gran == G_BLOCK ? "block_amax" : "amax", t);
     nb_tensor_release(t);
     free(best);
+    if (!s && c->gran == G_BLOCK) {
+        if (!(s = nb_tensor_from_data(ctx, NB_F32, 0, NULL, &own, &t))) {
+            s = nbq_quantizer_replace_state(ctx, q, "global_amax", t);
+            nb_tensor_release(t);
+        }
+    }
     return s;
 }
 
 /* ---- public ------------------------------------------------------------------------------------------ */
 
 nb_status nb_calib_collect(nb_ctx *ctx, nb_calib *c, const nb_tensor *x) {
+    if (!c) return nb_fail(ctx, NB_ERR_INVALID, "nb_calib_collect: calibrator is NULL");
     nb_quantizer_config qc;
     nb_quantizer_get_config(c->q, &qc);
     const char *name = nb_quantizer_name(c->q);
@@ -492,7 +539,8 @@ nb_status nb_calib_collect(nb_ctx *ctx, nb_calib *c, const nb_tensor *x) {
     nb_tensor *xc = NULL;
     if ((s = nbq_contiguous(ctx, x, &xc))) return s;
     if (!(s = nbq_check_finite(ctx, xc, name))) {
-        s = c->cfg.method == NB_CALIB_MAX ? collect_max(ctx, c, xc) : collect_mse(ctx, c, xc);
+        s = collect_max(ctx, c, xc);   /* MSE too: the search is centred on the max over every batch */
+        if (!s && c->cfg.method != NB_CALIB_MAX) s = keep_batch(ctx, c, xc);
         if (!s) c->batches++;
     }
     nb_tensor_release(xc);
@@ -500,6 +548,7 @@ nb_status nb_calib_collect(nb_ctx *ctx, nb_calib *c, const nb_tensor *x) {
 }
 
 nb_status nb_calib_finish(nb_ctx *ctx, nb_calib *c) {
+    if (!c) return nb_fail(ctx, NB_ERR_INVALID, "nb_calib_finish: calibrator is NULL");
     if (c->batches == 0)
         return nb_fail(ctx, NB_ERR_INVALID, "calibrator for '%s': no batch was collected", nb_quantizer_name(c->q));
     return c->cfg.method == NB_CALIB_MAX ? store_max(ctx, c) : store_mse(ctx, c);
@@ -511,6 +560,7 @@ nb_status nb_quantizer_calibrate(nb_ctx *ctx, nb_quantizer *q, const nb_tensor *
     nb_calib *c = NULL;
     nb_status s = nb_calib_new(ctx, q, &cfg, &c);
     if (s) return s;
+    c->borrow = 1;   /* x lives until finish below: the MSE search reads it without a copy */
     if (!(s = nb_calib_collect(ctx, c, x))) s = nb_calib_finish(ctx, c);
     nb_calib_free(c);
     return s;

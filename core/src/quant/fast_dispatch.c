@@ -3,6 +3,7 @@
  * and the bulk dtype helpers (AVX2 or plain C). */
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -315,8 +316,24 @@ static nb_status install_reference(nb_ctx *ctx) {
     return NB_OK;
 }
 
-nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path) {
-    if (!path) path = "auto";
+/* What NIBBLE_QUANT_PATH asked for at load when it could not be honoured: 0, NB_ERR_INVALID (not a
+ * path name) or NB_ERR_UNSUPPORTED (a path this CPU or build lacks), with the value. An explicit
+ * nb_quant_set_cpu_path clears it (the program's own choice replaces the environment's). */
+static int ENV_STATUS;
+static char ENV_VALUE[64];
+
+nb_status nbq_env_path_status(nb_ctx *ctx) {
+    int st = __atomic_load_n(&ENV_STATUS, __ATOMIC_ACQUIRE);
+    if (!st) return NB_OK;
+    if (st == NB_ERR_INVALID)
+        return nb_fail(ctx, NB_ERR_INVALID, "NIBBLE_QUANT_PATH='%s' is not a quantizer path: expected auto, avx512, avx2 or "
+                       "reference (unset it for auto)", ENV_VALUE);
+    return nb_fail(ctx, NB_ERR_UNSUPPORTED, "NIBBLE_QUANT_PATH='%s': this CPU (or this build) lacks that quantizer path; "
+                   "valid values are auto, avx512, avx2 or reference", ENV_VALUE);
+}
+
+/* The path by name without touching the environment's status. */
+static nb_status set_path(nb_ctx *ctx, const char *path) {
     if (strcmp(path, "reference") == 0) return install_reference(ctx);
     if (strcmp(path, "avx2") == 0) {
         if (!nbq_cpu_has_avx2())
@@ -331,6 +348,12 @@ nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path) {
     if (strcmp(path, "auto") == 0)
         return nbq_cpu_has_avx512() ? install_avx512(ctx) : nbq_cpu_has_avx2() ? install_avx2(ctx) : install_reference(ctx);
     return nb_fail(ctx, NB_ERR_INVALID, "quantizer path '%s': expected auto, avx512, avx2 or reference", path);
+}
+
+nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path) {
+    nb_status s = set_path(ctx, path ? path : "auto");
+    if (!s) __atomic_store_n(&ENV_STATUS, 0, __ATOMIC_RELEASE);
+    return s;
 }
 
 const char *nb_quant_cpu_path(void) {
@@ -352,10 +375,14 @@ const char *nb_quant_cpu_path(void) {
 }
 
 /* At load time: the process-wide traits table gets the best rows this CPU runs. */
+/* NIBBLE_QUANT_PATH (unset or empty = auto) names the path; a value that is not a path, or a path
+ * this CPU lacks, installs auto and leaves an error that every quantize returns (nbq_env_path_status). */
 __attribute__((constructor)) static void nbq_fast_init(void) {
     const char *env = getenv("NIBBLE_QUANT_PATH");
-    if (env && strcmp(env, "reference") == 0) return;
-    if (env && strcmp(env, "avx2") == 0 && nbq_cpu_has_avx2()) install_avx2(NULL);
-    else if (nbq_cpu_has_avx512()) install_avx512(NULL);
-    else if (nbq_cpu_has_avx2()) install_avx2(NULL);
+    if (!env || !*env) env = "auto";
+    nb_status s = set_path(NULL, env);
+    if (!s) return;
+    snprintf(ENV_VALUE, sizeof ENV_VALUE, "%.60s", env);
+    set_path(NULL, "auto");
+    __atomic_store_n(&ENV_STATUS, (int)s, __ATOMIC_RELEASE);
 }

@@ -67,6 +67,8 @@ float nbq_absmax(nb_ctx *ctx, const void *base, nb_dtype dt, int64_t n) {
 }
 
 nb_status nbq_check_input(nb_ctx *ctx, const nb_tensor *x, nb_qformat f, const char *what) {
+    nb_status se = nbq_env_path_status(ctx);   /* a bad NIBBLE_QUANT_PATH fails here, never silently */
+    if (se) return se;
     const nb_qformat_traits *tr = nb_qformat_info(f);
     if (!tr || f == NB_FMT_NONE) return nb_fail(ctx, NB_ERR_INVALID, "%s: unknown or empty quantization format %d", what, (int)f);
     if (!x) return nb_fail(ctx, NB_ERR_INVALID, "%s: tensor is NULL", what);
@@ -159,29 +161,77 @@ static int amax_values_ok_mt(nb_ctx *ctx, const float *v, int64_t n, float *max)
     return ok;
 }
 
-/* Checks a calibrated amax tensor; *max receives the largest value. */
-static nb_status check_amax_tensor(nb_ctx *ctx, const nb_tensor *t, int64_t want, const char *attr, const char *what,
-                                   float *max) {
+const char *nbq_num(float v, char *buf, size_t n) {
+    if (isnan(v)) snprintf(buf, n, "NaN");
+    else if (isinf(v)) snprintf(buf, n, v > 0 ? "+Inf" : "-Inf");
+    else snprintf(buf, n, "%g", (double)v);
+    return buf;
+}
+
+int nbq_shape_str(const nb_tensor *t, int ndim, const int64_t *shape, char *buf, size_t n) {
+    if (t) {
+        ndim = t->ndim;
+        shape = t->shape;
+    }
+    int len = snprintf(buf, n, "{");
+    for (int d = 0; d < ndim && len < (int)n; d++)
+        len += snprintf(buf + len, n - (size_t)len, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (len < (int)n) len += snprintf(buf + len, n - (size_t)len, "}");
+    return len;
+}
+
+nb_status nbq_check_state_shape(nb_ctx *ctx, const nb_tensor *t, const nb_tensor *x, int64_t per_row, const char *attr,
+                                const char *what) {
+    int64_t n = x->shape[x->ndim - 1], rows = n ? nb_tensor_numel(x) / n : 0;
+    int64_t want[NB_MAX_DIMS];
+    memcpy(want, x->shape, sizeof want);
+    want[x->ndim - 1] = per_row;
+    int fits = nb_tensor_numel(t) == rows * per_row;
+    if (fits && t->ndim != 1) {   /* flat (ModelOpt's own layout) fits by count; else the shape must match */
+        int same = t->ndim == x->ndim, lead = t->ndim == x->ndim - 1 && per_row == 1;   /* FP8 row scales: [out] */
+        for (int d = 0; same && d < x->ndim; d++) same = t->shape[d] == want[d];
+        for (int d = 0; lead && d < t->ndim; d++) lead = t->shape[d] == want[d];
+        fits = same || lead;
+    }
+    if (fits) return NB_OK;
+    char ts[160], xs[160], ws[160];
+    nbq_shape_str(t, 0, NULL, ts, sizeof ts);
+    nbq_shape_str(x, 0, NULL, xs, sizeof xs);
+    nbq_shape_str(NULL, x->ndim, want, ws, sizeof ws);
+    if (nb_tensor_numel(t) != rows * per_row)
+        return nb_fail(ctx, NB_ERR_SHAPE, "%s: %s has %lld values, the tensor needs %lld (%s %s does not fit this %s tensor, "
+                       "which needs %s)", what, attr, (long long)nb_tensor_numel(t), (long long)(rows * per_row), attr, ts, xs, ws);
+    return nb_fail(ctx, NB_ERR_SHAPE, "%s: %s %s does not fit this %s tensor, which needs %s (calibrated on a tensor of another "
+                   "shape)", what, attr, ts, xs, ws);
+}
+
+/* Checks a calibrated amax tensor against x (per_row values per row of x); *max receives the largest value. */
+static nb_status check_amax_tensor(nb_ctx *ctx, const nb_tensor *t, const nb_tensor *x, int64_t per_row, const char *attr,
+                                   const char *what, float *max) {
     if (t->dtype != NB_F32 || !nb_tensor_is_contiguous(t))
         return nb_fail(ctx, NB_ERR_INVALID, "%s: %s must be a contiguous f32 tensor", what, attr);
-    if (nb_tensor_numel(t) != want)
-        return nb_fail(ctx, NB_ERR_SHAPE, "%s: %s has %lld values, the tensor needs %lld", what, attr,
-                       (long long)nb_tensor_numel(t), (long long)want);
+    nb_status s = nbq_check_state_shape(ctx, t, x, per_row, attr, what);
+    if (s) return s;
+    int64_t want = nb_tensor_numel(t);
     const float *v = nb_tensor_data(t);
     if (amax_values_ok_mt(ctx, v, want, max)) return NB_OK;
     for (int64_t i = 0; i < want; i++)
-        if (!isfinite(v[i]) || v[i] < 0.0f)
-            return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s[%lld] = %g is not a finite amax >= 0", what, attr, (long long)i,
-                           (double)v[i]);
+        if (!isfinite(v[i]) || v[i] < 0.0f) {
+            char num[32];
+            return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s[%lld] = %s is not a finite amax >= 0", what, attr, (long long)i,
+                           nbq_num(v[i], num, sizeof num));
+        }
     return NB_OK;
 }
 
-static nb_status check_tensor_amax(nb_ctx *ctx, float a, const char *attr, const char *what) {
-    if (!isfinite(a)) return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s is %g", what, attr, (double)a);
-    if (a == 0.0f)
-        return nb_fail(ctx, NB_ERR_INVALID,
-                       "%s: %s is 0 (an all-zero tensor): there is no positive per-tensor scale to quantize with", what,
-                       attr);
+/* A per-tensor amax: NaN/Inf is an error; 0 (an all-zero tensor, a dead row) becomes the format's
+ * maxbound, as ModelOpt's _sanitize_export_amax does, so the scale stays positive and the codes are 0. */
+static nb_status resolve_tensor_amax(nb_ctx *ctx, float *a, nb_qformat f, const char *attr, const char *what) {
+    if (!isfinite(*a)) {
+        char num[32];
+        return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s is %s", what, attr, nbq_num(*a, num, sizeof num));
+    }
+    if (*a == 0.0f) *a = nbq_maxbound(f);
     return NB_OK;
 }
 
@@ -205,17 +255,17 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
         float norm = plan->tr->scale_norm, a;
         if (p->block_amax) {
             float bmax;
-            if ((s = check_amax_tensor(ctx, p->block_amax, plan->rows * (plan->n / NB_NVFP4_BLOCK), "block_amax", what,
-                                       &bmax)))
+            if (!x) return nb_fail(ctx, NB_ERR_INTERNAL, "%s: a block_amax plan needs the tensor", what);
+            if ((s = check_amax_tensor(ctx, p->block_amax, x, plan->n / NB_NVFP4_BLOCK, "block_amax", what, &bmax)))
                 return s;
             plan->block_amax = nb_tensor_data(p->block_amax);
             a = p->global_amax;
             if (nbq_from_data(a)) a = bmax;
-            if ((s = check_tensor_amax(ctx, a, "global_amax", what))) return s;
+            if ((s = resolve_tensor_amax(ctx, &a, p->format, "global_amax", what))) return s;
         } else {
             a = p->amax;
             if (nbq_from_data(a)) a = x ? nbq_absmax(ctx, nb_tensor_data(x), x->dtype, nb_tensor_numel(x)) : 0.0f;
-            if ((s = check_tensor_amax(ctx, a, "amax", what))) return s;
+            if ((s = resolve_tensor_amax(ctx, &a, p->format, "amax", what))) return s;
         }
         plan->base.global_amax = a;
         plan->base.scale = nb_nvfp4_scale2(a, norm);
@@ -226,7 +276,7 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
     case NB_FMT_FP8_TENSOR: {
         float a = p->amax;
         if (nbq_from_data(a)) a = x ? nbq_absmax(ctx, nb_tensor_data(x), x->dtype, nb_tensor_numel(x)) : 0.0f;
-        if ((s = check_tensor_amax(ctx, a, "amax", what))) return s;
+        if ((s = resolve_tensor_amax(ctx, &a, p->format, "amax", what))) return s;
         plan->base.global_amax = a;
         plan->base.scale = a / 448.0f;
         int32_t dd = p->fp8_div_dtype;
@@ -245,7 +295,11 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
         }
         if (p->channel_amax) {
             float unused;
-            if ((s = check_amax_tensor(ctx, p->channel_amax, plan->rows, "amax", what, &unused))) {
+            if (!x) {
+                nbq_plan_free(plan);
+                return nb_fail(ctx, NB_ERR_INTERNAL, "%s: a channel_amax plan needs the tensor", what);
+            }
+            if ((s = check_amax_tensor(ctx, p->channel_amax, x, 1, "amax", what, &unused))) {
                 nbq_plan_free(plan);
                 return s;
             }
@@ -254,12 +308,7 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
             nbq_fast_row_absmax_mt(ctx, nb_tensor_data(x), x->dtype, plan->rows, plan->n, plan->row_amax);   /* threaded */
         }
         for (int64_t r = 0; r < plan->rows; r++) {
-            if (plan->row_amax[r] == 0.0f) {
-                nbq_plan_free(plan);
-                return nb_fail(ctx, NB_ERR_INVALID,
-                               "%s: row %lld has amax 0 (an all-zero output channel): no positive fp8 scale for it", what,
-                               (long long)r);
-            }
+            if (plan->row_amax[r] == 0.0f) plan->row_amax[r] = 448.0f;   /* a dead row: scale 1, codes 0 (ModelOpt) */
             plan->row_scale[r] = plan->row_amax[r] / 448.0f;
         }
         return NB_OK;
@@ -331,6 +380,8 @@ fail:
 }
 
 nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, nb_qtensor **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_qtensor_new: out is NULL");
+    if (!shape && ndim > 0) return nb_fail(ctx, NB_ERR_INVALID, "nb_qtensor_new: shape is NULL");
     return qtensor_alloc(ctx, f, ndim, shape, 0, out);
 }
 
@@ -343,6 +394,7 @@ static int same_dims(const nb_tensor *t, int ndim, const int64_t *sh) {
 
 nb_status nb_qtensor_wrap(nb_ctx *ctx, nb_qformat f, nb_tensor *data, nb_tensor *scale, nb_tensor *scale2,
                           nb_qtensor **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_qtensor_wrap: out is NULL");
     *out = NULL;
     const nb_qformat_traits *tr = nb_qformat_info(f);
     if (!tr || f == NB_FMT_NONE) return nb_fail(ctx, NB_ERR_INVALID, "qtensor: unknown or empty format %d", (int)f);
@@ -404,6 +456,7 @@ void nb_qtensor_release(nb_qtensor *q) {
 }
 
 int64_t nb_qtensor_numel(const nb_qtensor *q) {
+    if (!q) return 0;
     int64_t n = 1;
     for (int i = 0; i < q->ndim; i++) n *= q->shape[i];
     return n;
@@ -496,9 +549,10 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
             uint32_t nb = 0;
             int nonfinite = mb >= 0x7F80u;
             float m = nb_bf16_to_f32((uint16_t)mb);
+            if (m == 0.0f) m = 448.0f;   /* a dead row: scale 1, codes 0 (ModelOpt's sanitized amax) */
             if (!nonfinite) pl->row_amax[r] = m;
-            if (nonfinite || m == 0.0f) {   /* reported after the pass */
-                if (nonfinite) __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
+            if (nonfinite) {   /* reported after the pass */
+                __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
                 for (int64_t i = 0; next && i < n; i++) nb = (uint32_t)(next[i] & 0x7FFF) > nb ? (uint32_t)(next[i] & 0x7FFF) : nb;
                 mb = nb;
                 continue;
@@ -539,8 +593,8 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
                 continue;
             }
             if (j->row_scale_out) {
+                if (m == 0.0f) m = 448.0f;   /* a dead row: scale 1, codes 0 (ModelOpt's sanitized amax) */
                 pl->row_amax[r] = m;
-                if (m == 0.0f) continue;   /* reported after the pass */
                 pl->row_scale[r] = j->row_scale_out[r] = m / 448.0f;
             }
         }
@@ -586,7 +640,7 @@ static nb_status plan_channel_deferred(nb_ctx *ctx, nbq_plan *plan, const nb_ten
 }
 
 /* Quantize contiguous, checked x into q (allocated here when *qp is NULL). Errors come in the order
- * of the two-pass driver this replaces: NaN/Inf first (named), then the plan's (amax 0, bad state). */
+ * of the two-pass driver this replaces: NaN/Inf first (named), then the plan's (bad state). */
 static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparams *p, nb_qtensor **qp) {
     const char *what = p->name ? p->name : "tensor";
     int need_amax = nbq_from_data(p->amax) && ((nbq_is_nvfp4(p->format) && !p->block_amax) || p->format == NB_FMT_FP8_TENSOR);
@@ -641,14 +695,6 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
         if (!s) s = nb_fail(ctx, NB_ERR_INTERNAL, "%s: NaN/Inf seen in a row but not found again", what);
     } else if (j.failed) {
         s = nb_fail(ctx, NB_ERR_NOMEM, "%s: out of memory (row buffer)", what);
-    } else if (channel) {
-        for (int64_t r = 0; r < plan.rows; r++)
-            if (plan.row_amax[r] == 0.0f) {
-                s = nb_fail(ctx, NB_ERR_INVALID,
-                            "%s: row %lld has amax 0 (an all-zero output channel): no positive fp8 scale for it", what,
-                            (long long)r);
-                break;
-            }
     }
 done:
     nbq_plan_free(&plan);
@@ -658,7 +704,9 @@ done:
 }
 
 nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantize: out is NULL");
     *out = NULL;
+    if (!p) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantize: params are NULL (nb_qparams_init makes them)");
     const char *what = p->name ? p->name : "tensor";
     nb_status s = nbq_check_input(ctx, x, p->format, what);
     if (s) return s;
@@ -675,6 +723,7 @@ static int tensor_fits(const nb_tensor *t, nb_dtype dt, nb_dtype alt, int64_t nu
 }
 
 nb_status nb_quantize_into(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor *q) {
+    if (!p) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantize_into: params are NULL (nb_qparams_init makes them)");
     const char *what = p->name ? p->name : "tensor";
     nb_status s = nbq_check_input(ctx, x, p->format, what);
     if (s) return s;
@@ -732,6 +781,7 @@ nb_status nbq_fake_plan_f32(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *
 }
 
 nb_status nb_fake_quant(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_tensor *out) {
+    if (!p) return nb_fail(ctx, NB_ERR_INVALID, "nb_fake_quant: params are NULL (nb_qparams_init makes them)");
     const char *what = p->name ? p->name : "tensor";
     nb_status s = nbq_check_input(ctx, x, p->format, what);
     if (s) return s;
@@ -752,6 +802,9 @@ done:
 /* ---- dequantize ---------------------------------------------------------------------------------- */
 
 nb_status nb_qtensor_dequantize_into(nb_ctx *ctx, const nb_qtensor *q, nb_tensor *out) {
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "dequantize: quantized tensor is NULL");
+    nb_status se = nbq_env_path_status(ctx);
+    if (se) return se;
     const nb_qformat_traits *tr = nb_qformat_info(q->format);
     if (!out || out->ndim != q->ndim) return nb_fail(ctx, NB_ERR_SHAPE, "dequantize: output must have %d dims", q->ndim);
     for (int i = 0; i < q->ndim; i++)
@@ -780,6 +833,12 @@ nb_status nb_qtensor_dequantize_into(nb_ctx *ctx, const nb_qtensor *q, nb_tensor
 }
 
 nb_status nb_qtensor_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_dtype dt, nb_tensor **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "dequantize: out is NULL");
+    *out = NULL;
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "dequantize: quantized tensor is NULL");
+    if (dt != NB_F32 && dt != NB_BF16 && dt != NB_F16)
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "dequantize: output dtype %s (f32, bf16 or f16 only)",
+                       nb_dtype_info(dt) ? nb_dtype_info(dt)->name : "?");
     nb_status s = nb_tensor_new(ctx, dt, q->ndim, q->shape, out);
     if (s) return s;
     if ((s = nb_qtensor_dequantize_into(ctx, q, *out))) {

@@ -14,6 +14,31 @@ static inline int nbq_from_data(float v) { return v < 0.0f; }
 /* Is the format an NVFP4 variant (packed E2M1 data, E4M3 block scales, F32 scale2)? */
 static inline int nbq_is_nvfp4(nb_qformat f) { return f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46; }
 
+/* The maxbound a zero per-tensor / per-row amax becomes (ModelOpt's _sanitize_export_amax): 6 for the
+ * NVFP4 family (E2M1 with E4M3 block scales), 448 for FP8 E4M3. */
+static inline float nbq_maxbound(nb_qformat f) { return nbq_is_nvfp4(f) ? 6.0f : 448.0f; }
+
+/* A float for messages: "NaN", "+Inf", "-Inf" or %g (printf's "-nan" says nothing useful). */
+const char *nbq_num(float v, char *buf, size_t n);
+/* "{d0, d1, ...}" of t (or of ndim/shape when t is NULL); returns the length written. */
+int nbq_shape_str(const nb_tensor *t, int ndim, const int64_t *shape, char *buf, size_t n);
+/* Does a calibrated state tensor t (per_row values for each row of x: n/16 block amax, or 1 per-row
+ * amax) fit x? It must have x's shape with the last dim per_row (FP8 row amax: also x's leading dims),
+ * or be flat (1-D, ModelOpt's own layout) with the right count. NB_ERR_SHAPE naming both shapes. */
+nb_status nbq_check_state_shape(nb_ctx *ctx, const nb_tensor *t, const nb_tensor *x, int64_t per_row, const char *attr,
+                                const char *what);
+/* NB_OK, or the error a bad NIBBLE_QUANT_PATH left at load time (fast_dispatch.c): every quantize
+ * entry point returns it, so a mistyped path is never silently replaced by another. */
+nb_status nbq_env_path_status(nb_ctx *ctx);
+
+/* nb_quantizer_set_state without the comparison with the shape already there: a calibrator writing
+ * its result (calibrating on another tensor legitimately changes the shape). */
+nb_status nbq_quantizer_replace_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const nb_tensor *value);
+/* The per-tensor amax q's shared group would have with q's own value replaced by `own`: the maximum of
+ * own and the other members' (global_amax for static NVFP4, amax otherwise); own alone without a
+ * group. NB_ERR_UNCALIBRATED naming a member that lacks it ("<who> for '<q>': ..."). */
+nb_status nbq_group_amax_with(nb_ctx *ctx, const nb_quantizer *q, float own, const char *who, float *out);
+
 /* Load row `row` (n contiguous elements of a contiguous F32/BF16/F16 tensor) as f32. */
 void nbq_load_row(const void *base, nb_dtype dt, int64_t row, int64_t n, float *out);
 /* Store n f32 values into row `row` of a contiguous F32/BF16/F16 tensor (RNE to 16-bit types). */

@@ -47,8 +47,10 @@ void nb_quantizer_config_init(nb_quantizer_config *cfg, nb_qformat f) {
 }
 
 nb_status nb_quantizer_new(nb_ctx *ctx, const char *name, const nb_quantizer_config *cfg, nb_quantizer **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_new: out is NULL");
     *out = NULL;
     if (!name) name = "quantizer";
+    if (!cfg) return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s': config is NULL (nb_quantizer_config_init makes one)", name);
     const nb_qformat_traits *tr = nb_qformat_info(cfg->format);
     if (!tr || cfg->format == NB_FMT_NONE)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s': unknown or empty format %d", name, (int)cfg->format);
@@ -111,14 +113,19 @@ int nb_quantizer_has_state(const nb_quantizer *q, const char *attr) {
 }
 
 nb_status nb_quantizer_get_state(nb_ctx *ctx, const nb_quantizer *q, const char *attr, nb_tensor **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_get_state: out is NULL");
     *out = NULL;
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_get_state: quantizer is NULL");
     int k = state_index(attr);
     if (k < 0) return nb_fail(ctx, NB_ERR_NOT_FOUND, "quantizer '%s': no state attribute '%s'", q->name, attr ? attr : "(null)");
     if (!q->state[k]) return nb_fail(ctx, NB_ERR_UNCALIBRATED, "quantizer '%s' has no calibrated %s", q->name, attr);
     return nb_tensor_contiguous(ctx, q->state[k], out);
 }
 
-nb_status nb_quantizer_set_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const nb_tensor *value) {
+/* set_state's checks and copy; `replace` (calibrators writing a new result) skips the comparison with
+ * the shape already there, since calibrating on another tensor legitimately changes it. */
+static nb_status put_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const nb_tensor *value, int replace) {
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_set_state: quantizer is NULL");
     int k = state_index(attr);
     if (k < 0) return nb_fail(ctx, NB_ERR_NOT_FOUND, "quantizer '%s': no state attribute '%s'", q->name, attr ? attr : "(null)");
     if (!uses_state(q, k))
@@ -130,6 +137,19 @@ nb_status nb_quantizer_set_state(nb_ctx *ctx, nb_quantizer *q, const char *attr,
     if (scalar && n != 1)
         return nb_fail(ctx, NB_ERR_SHAPE, "quantizer '%s': %s is one value, got %lld", q->name, attr, (long long)n);
     if (n < 1) return nb_fail(ctx, NB_ERR_SHAPE, "quantizer '%s': %s is empty", q->name, attr);
+    const nb_tensor *old = q->state[k];
+    if (!scalar && old && !replace) {
+        int same = old->ndim == value->ndim;
+        for (int d = 0; same && d < old->ndim; d++) same = old->shape[d] == value->shape[d];
+        if (!same) {
+            char os[160], vs[160];
+            nbq_shape_str(old, 0, NULL, os, sizeof os);
+            nbq_shape_str(value, 0, NULL, vs, sizeof vs);
+            return nb_fail(ctx, NB_ERR_SHAPE,
+                           "quantizer '%s': %s %s does not match the %s %s it has (clear its state first to change the shape)",
+                           q->name, attr, vs, attr, os);
+        }
+    }
     nb_tensor *t = NULL;
     nb_status s = scalar ? nb_tensor_new(ctx, NB_F32, 0, NULL, &t) : nb_tensor_new(ctx, NB_F32, value->ndim, value->shape, &t);
     if (s) return s;
@@ -143,8 +163,9 @@ nb_status nb_quantizer_set_state(nb_ctx *ctx, nb_quantizer *q, const char *attr,
     const float *v = nb_tensor_data(t);
     for (int64_t i = 0; i < n; i++) {
         if (!isfinite(v[i]) || v[i] < 0.0f) {
-            s = nb_fail(ctx, NB_ERR_NUMERIC, "quantizer '%s': %s[%lld] = %g is not a finite amax >= 0", q->name, attr,
-                        (long long)i, (double)v[i]);
+            char num[32];
+            s = nb_fail(ctx, NB_ERR_NUMERIC, "quantizer '%s': %s[%lld] = %s is not a finite amax >= 0", q->name, attr,
+                        (long long)i, nbq_num(v[i], num, sizeof num));
             nb_tensor_release(t);
             return s;
         }
@@ -154,7 +175,16 @@ nb_status nb_quantizer_set_state(nb_ctx *ctx, nb_quantizer *q, const char *attr,
     return NB_OK;
 }
 
+nb_status nb_quantizer_set_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const nb_tensor *value) {
+    return put_state(ctx, q, attr, value, 0);
+}
+
+nb_status nbq_quantizer_replace_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const nb_tensor *value) {
+    return put_state(ctx, q, attr, value, 1);
+}
+
 nb_status nb_quantizer_clear_state(nb_ctx *ctx, nb_quantizer *q, const char *attr) {
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_clear_state: quantizer is NULL");
     if (!attr) {
         for (int i = 0; i < ST_COUNT; i++) { nb_tensor_release(q->state[i]); q->state[i] = NULL; }
         return NB_OK;
@@ -191,6 +221,7 @@ const char *nb_quantizer_missing(const nb_quantizer *q) {
 }
 
 nb_status nb_quantizer_check(nb_ctx *ctx, const nb_quantizer *q) {
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_check: quantizer is NULL");
     const char *m = nb_quantizer_missing(q);
     if (!m) return NB_OK;
     const nb_quantizer *who = (strcmp(m, "block_amax") == 0 || q->cfg.format == NB_FMT_FP8_CHANNEL) ? q : group_lacking(q);
@@ -202,6 +233,7 @@ nb_status nb_quantizer_check(nb_ctx *ctx, const nb_quantizer *q) {
 }
 
 nb_status nb_quantizer_global_amax(nb_ctx *ctx, const nb_quantizer *q, float *out) {
+    if (!q || !out) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_global_amax: %s is NULL", q ? "out" : "quantizer");
     if (q->cfg.format == NB_FMT_MXFP8 || q->cfg.format == NB_FMT_FP8_CHANNEL)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s': %s has no per-tensor amax", q->name,
                        nb_qformat_info(q->cfg.format)->name);
@@ -225,15 +257,18 @@ nb_status nb_quantizer_global_amax(nb_ctx *ctx, const nb_quantizer *q, float *ou
 }
 
 nb_status nb_quantizer_scale(nb_ctx *ctx, const nb_quantizer *q, float *out) {
+    if (!q || !out) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_scale: %s is NULL", q ? "out" : "quantizer");
     float a;
     nb_status s = nb_quantizer_global_amax(ctx, q, &a);
     if (s) return s;
+    if (a == 0.0f) a = nbq_maxbound(q->cfg.format);   /* as quantize does: a positive scale (ModelOpt's sanitize) */
     if (nbq_is_nvfp4(q->cfg.format)) *out = nb_nvfp4_scale2(a, nb_qformat_info(q->cfg.format)->scale_norm);
     else *out = a / 448.0f;
     return NB_OK;
 }
 
 nb_status nb_quantizer_params(nb_ctx *ctx, const nb_quantizer *q, nb_qparams *out) {
+    if (!q || !out) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_params: %s is NULL", q ? "out" : "quantizer");
     nb_qparams_init(out, q->cfg.format);
     out->name = q->name;
     out->mx_floor = q->cfg.mx_floor;
@@ -257,7 +292,9 @@ nb_status nb_quantizer_params(nb_ctx *ctx, const nb_quantizer *q, nb_qparams *ou
 /* ---- use -------------------------------------------------------------------------------------------- */
 
 nb_status nb_quantizer_quantize(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, nb_qtensor **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_quantize: out is NULL");
     *out = NULL;
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_quantize: quantizer is NULL");
     if (!q->cfg.enabled)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s' is disabled: there is nothing to quantize with", q->name);
     nb_status s = nbq_check_input(ctx, x, q->cfg.format, q->name);
@@ -268,6 +305,8 @@ nb_status nb_quantizer_quantize(nb_ctx *ctx, const nb_quantizer *q, const nb_ten
 }
 
 nb_status nb_quantizer_fake(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, nb_tensor *out) {
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_fake: quantizer is NULL");
+    if (!x || !out) return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s' fake: %s is NULL", q->name, x ? "output" : "input");
     if (!q->cfg.enabled) return out == x ? NB_OK : nb_tensor_copy(ctx, out, x);
     nb_status s = nbq_check_input(ctx, x, q->cfg.format, q->name);
     if (s) return s;
@@ -310,16 +349,20 @@ static int float_dtype(nb_dtype d) { return d == NB_F32 || d == NB_BF16 || d == 
 
 nb_status nb_quantizer_backward(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, const nb_tensor *grad_out,
                                 nb_tensor *grad_in) {
+    if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_backward: quantizer is NULL");
     if (!x || !grad_out || !grad_in) return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s' backward: NULL tensor", q->name);
     if (x->ndim != grad_out->ndim || x->ndim != grad_in->ndim)
         return nb_fail(ctx, NB_ERR_SHAPE, "quantizer '%s' backward: x, grad_out and grad_in must have the same shape", q->name);
     for (int i = 0; i < x->ndim; i++)
         if (x->shape[i] != grad_out->shape[i] || x->shape[i] != grad_in->shape[i])
             return nb_fail(ctx, NB_ERR_SHAPE, "quantizer '%s' backward: dim %d differs between x and the gradients", q->name, i);
+    /* a gradient in an integer dtype would be truncated by the copy: refused on every path */
+    if (!float_dtype(x->dtype) || !float_dtype(grad_out->dtype) || !float_dtype(grad_in->dtype))
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "quantizer '%s' backward: f32, bf16 or f16 tensors only (x %s, grad_out %s, "
+                       "grad_in %s)", q->name, nb_dtype_info(x->dtype)->name, nb_dtype_info(grad_out->dtype)->name,
+                       nb_dtype_info(grad_in->dtype)->name);
     if (!q->cfg.enabled || q->cfg.pass_through_bwd || q->cfg.format == NB_FMT_MXFP8)
         return grad_in == grad_out ? NB_OK : nb_tensor_copy(ctx, grad_in, grad_out);
-    if (!float_dtype(x->dtype) || !float_dtype(grad_out->dtype) || !float_dtype(grad_in->dtype))
-        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "quantizer '%s' backward: f32, bf16 or f16 tensors only", q->name);
     if (!nb_tensor_is_contiguous(grad_in) || !nb_buffer_writable(grad_in->buf))
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s' backward: grad_in must be contiguous and writable", q->name);
     nb_status s = nbq_check_input(ctx, x, q->cfg.format, q->name);
@@ -327,10 +370,9 @@ nb_status nb_quantizer_backward(nb_ctx *ctx, const nb_quantizer *q, const nb_ten
     nb_qparams p;
     if ((s = nb_quantizer_params(ctx, q, &p))) return s;
     int64_t n = x->shape[x->ndim - 1], rows = n ? nb_tensor_numel(x) / n : 0;
-    if (p.block_amax && nb_tensor_numel(p.block_amax) != rows * (n / NB_NVFP4_BLOCK))
-        return nb_fail(ctx, NB_ERR_SHAPE, "quantizer '%s' backward: block_amax does not match the tensor", q->name);
-    if (p.channel_amax && nb_tensor_numel(p.channel_amax) != rows)
-        return nb_fail(ctx, NB_ERR_SHAPE, "quantizer '%s' backward: amax does not match the tensor's rows", q->name);
+    if (p.block_amax && (s = nbq_check_state_shape(ctx, p.block_amax, x, n / NB_NVFP4_BLOCK, "block_amax", q->name)))
+        return s;
+    if (p.channel_amax && (s = nbq_check_state_shape(ctx, p.channel_amax, x, 1, "amax", q->name))) return s;
     nb_tensor *xc = NULL, *gc = NULL;
     if ((s = nbq_contiguous(ctx, x, &xc))) return s;
     if ((s = nbq_contiguous(ctx, grad_out, &gc))) { nb_tensor_release(xc); return s; }
@@ -349,6 +391,7 @@ nb_status nb_quantizer_backward(nb_ctx *ctx, const nb_quantizer *q, const nb_ten
 /* ---- shared-state groups ----------------------------------------------------------------------------- */
 
 nb_status nb_qgroup_new(nb_ctx *ctx, const char *name, nb_qgroup **out) {
+    if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_qgroup_new: out is NULL");
     *out = NULL;
     nb_qgroup *g = calloc(1, sizeof *g);
     if (!g || !(g->name = dup_str(name ? name : "group"))) {
@@ -375,7 +418,8 @@ nb_quantizer *nb_qgroup_member(const nb_qgroup *g, int i) { return (i >= 0 && i 
 nb_qgroup *nb_quantizer_group(const nb_quantizer *q) { return q->group; }
 
 nb_status nb_qgroup_add(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q) {
-    if (q->group == g) return NB_OK;
+    if (!g || !q) return nb_fail(ctx, NB_ERR_INVALID, "nb_qgroup_add: %s is NULL", g ? "quantizer" : "group");
+    if (q->group == g) return NB_OK;   /* already a member: adding it again changes nothing */
     if (q->group)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s' is already in shared group '%s'", q->name, q->group->name);
     nb_qformat f = q->cfg.format;
@@ -403,6 +447,7 @@ nb_status nb_qgroup_add(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q) {
 }
 
 nb_status nb_qgroup_remove(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q) {
+    if (!g || !q) return nb_fail(ctx, NB_ERR_INVALID, "nb_qgroup_remove: %s is NULL", g ? "quantizer" : "group");
     for (int i = 0; i < g->n; i++) {
         if (g->members[i] != q) continue;
         memmove(g->members + i, g->members + i + 1, (size_t)(g->n - i - 1) * sizeof *g->members);
@@ -412,4 +457,22 @@ nb_status nb_qgroup_remove(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q) {
         return NB_OK;
     }
     return ctx ? nb_fail(ctx, NB_ERR_NOT_FOUND, "quantizer '%s' is not in group '%s'", q->name, g->name) : NB_ERR_NOT_FOUND;
+}
+
+nb_status nbq_group_amax_with(nb_ctx *ctx, const nb_quantizer *q, float own, const char *who, float *out) {
+    float m = own;
+    int k = shared_attr(q);
+    for (int i = 0; q->group && i < q->group->n; i++) {
+        const nb_quantizer *o = q->group->members[i];
+        if (o == q) continue;
+        if (!o->state[k])
+            return nb_fail(ctx, NB_ERR_UNCALIBRATED,
+                           "%s for '%s': its shared group '%s' member '%s' has no %s: the group shares one %s, so run a "
+                           "max pass on every member first", who, q->name, q->group->name, o->name, STATE_NAMES[k],
+                           STATE_NAMES[k]);
+        float v = *(const float *)nb_tensor_data(o->state[k]);
+        if (v > m) m = v;
+    }
+    *out = m;
+    return NB_OK;
 }
