@@ -222,3 +222,145 @@ describe("nibble.quant parameter buffers", function()
     assert.are.equal(5256, b)
   end)
 end)
+
+describe("nibble.quant audit fixes", function()
+  -- an expected error: one line, positioned at this spec's line, never inside lua/nibble/quant.lua
+  local function user_err(f, ...)
+    local e = err_of(f, ...)
+    assert.truthy(e:find("quant_spec.lua:%d+: "), e)
+    assert.is_nil(e:find("quant.lua", 1, true), e)
+    assert.is_nil(e:find("\n", 1, true), e)
+    return (e:gsub("^.-quant_spec%.lua:%d+: ", ""))
+  end
+
+  it("gives the same state when calibrated twice (the search starts from the data's max)", function()
+    local x = nibble.tensor({ { 6, 5, 5, 5, -5, -5, 5, 5, 2.5, 1, 0.5, 0, 3, 4, -4.5, 5.5 } }, "bf16")
+    local q = nibble.quant.four_over_six { name = "tv4" }
+    q:calibrate(x)
+    local first = bytes(q:quantize(x).data)
+    q:calibrate(x)
+    assert.are.equal(9, q:state().block_amax:get(1, 1))   -- 6 x 1.5, not 13.5
+    assert.are.equal(first, bytes(q:quantize(x).data))
+    assert.are.equal("56 55 DD 55 13 01 54 6D", first)
+    nibble.seed(21)
+    local w = nibble.randn("bf16", 16, 64)
+    for _, mk in ipairs({ function() return nibble.quant.fp8() end,
+                          function() return nibble.quant.fp8 { per_channel = true } end,
+                          function() return nibble.quant.nvfp4 { static = true } end }) do
+      local a, b = mk(), mk()
+      a:calibrate(w, "mse")
+      b:set_state(a:state())      -- a searched state first must not move the next search
+      b:calibrate(w, "mse")
+      b:calibrate(w, "mse")
+      local sa, sb = a:state(), b:state()
+      for k, v in pairs(sa) do
+        if type(v) == "number" then assert.are.equal(v, sb[k]) else assert.truthy(v:equal(sb[k]), k) end
+      end
+    end
+  end)
+
+  it("quantizes a zero amax with the maxbound (ModelOpt's sanitize): positive scale, zero codes", function()
+    nibble.seed(22)
+    local w = nibble.randn("bf16", 3, 32)
+    for j = 1, 32 do w:set(2, j, 0) end
+    local q = nibble.quant.fp8 { per_channel = true, name = "o_proj" }
+    q:calibrate(w)
+    local qt = q:quantize(w)
+    assert.are.equal(1.0, qt.scale:get(2))
+    assert.are.equal(string.rep("00", 32, " "), bytes(qt.data:select(1, 2)))
+    assert.are.equal(0, q:fake(w):float():select(1, 2):absmax())
+    local z = nibble.zeros("f32", 2, 32)
+    local n = nibble.quant.nvfp4()
+    n:calibrate(z)
+    local s2 = nibble.tensor(6 / 2688, "f32"):get()        -- amax 0 -> 6: weight_scale_2 = f32(6/2688)
+    assert.are.equal(s2, n:quantize(z).scale2)
+    assert.are.equal(s2, n:scale())
+    assert.are.equal(string.rep("00", 32, " "), bytes(n:quantize(z).data))
+    local f = nibble.quant.fp8()
+    f:calibrate(z)
+    assert.are.equal(1.0, f:scale())
+    assert.truthy(user_err(nibble.quant.quantize, z, "fp8", { amax = 0 / 0, name = "w" }):find("NB_ERR_NUMERIC: w: amax is NaN", 1, true))
+  end)
+
+  it("refuses state calibrated for a tensor of another shape", function()
+    nibble.seed(23)
+    local w = nibble.randn("bf16", 64, 64)
+    local q = nibble.quant.nvfp4 { static = true, name = "q_proj" }
+    q:calibrate(w)
+    assert.are.equal("NB_ERR_SHAPE: q_proj: block_amax {64, 4} does not fit this {32, 128} tensor, which needs {32, 8} "
+      .. "(calibrated on a tensor of another shape)", user_err(q.quantize, q, w:view(32, 128)))
+    local k = nibble.randn("bf16", 32, 64)
+    local qk = nibble.quant.nvfp4 { static = true, name = "k_proj" }
+    qk:calibrate(k)
+    assert.truthy(user_err(qk.quantize, qk, k:t()):find("block_amax {32, 4} does not fit this {64, 32} tensor", 1, true))
+    assert.truthy(user_err(q.set_state, q, { block_amax = { { 1, 1, 1 }, { 1, 1, 1 }, { 1, 1, 1 } }, global_amax = 1 })
+      :find("NB_ERR_SHAPE: quantizer 'q_proj': block_amax {3, 3} does not match the block_amax {64, 4} it has", 1, true))
+  end)
+
+  it("calibrates a dynamic four_over_six quantizer with max by default", function()
+    nibble.seed(24)
+    local w = nibble.randn("bf16", 8, 64)
+    local q = nibble.quant.four_over_six { static = false, name = "dyn" }
+    q:calibrate(w)
+    assert.are.equal(w:absmax(), q:global_amax())
+    assert.are.equal(bytes(nibble.quant.quantize(w, "nvfp4_46").data), bytes(q:quantize(w).data))
+    assert.truthy(user_err(q.calibrate, q, w, "four_over_six")
+      :find("this one is dynamic (it picks per block when it quantizes), so calibrate it with max", 1, true))
+  end)
+
+  it("names the function and the expected argument on a wrong type", function()
+    local Q = nibble.quant
+    local x = nibble.randn("f32", 2, 32)
+    local q = Q.nvfp4 { name = "q" }
+    q:calibrate(x)
+    local qt = q:quantize(x)
+    local g = Q.group("g", { Q.nvfp4 {} })
+    local pb = Q.parambuf()
+    local cases = {
+      { "quantizer:quantize: argument 1 must be a tensor, got nil", q.quantize, q, nil },
+      { "quantizer:quantize: argument 1 must be a tensor, got a number", q.quantize, q, 3 },
+      { "quantizer:quantize: argument 1 must be a tensor, got a quantized tensor", q.quantize, q, qt },
+      { "quantizer:quantize: argument 1 must be a tensor, got a quantizer", q.quantize, q, q },
+      { "quantizer:quantize: called on a tensor, not a quantizer (call it with a colon: x:quantize(...))", q.quantize, x },
+      { "quantizer:fake: argument 1 must be a tensor, got nil", q.fake, q, nil },
+      { "quantizer:fake: argument 1 must be a tensor, got a string", q.fake, q, "s" },
+      { "quantizer:fake: argument 1 must be a tensor, got a quantized tensor", q.fake, q, qt },
+      { "quantizer:dequantize: argument 1 must be a quantized tensor, got nil", q.dequantize, q, nil },
+      { "quantizer:dequantize: argument 1 must be a quantized tensor, got a tensor", q.dequantize, q, x },
+      { "quantizer:dequantize: argument 1 must be a quantized tensor, got an empty table", q.dequantize, q, {} },
+      { "quant.quantize: argument 1 must be a tensor, got nil", Q.quantize, nil, "nvfp4" },
+      { "quantizer:calibrate: argument 1 must be a tensor or a non-empty list of tensors, got a string", q.calibrate, q, "x" },
+      { "quantizer:calibrate: argument 1 must be a tensor or a non-empty list of tensors, got nil", q.calibrate, q, nil },
+      { "quantizer:calibrate: argument 1 must be a tensor or a non-empty list of tensors, got a number", q.calibrate, q, 5 },
+      { "quantizer:calibrate: argument 1[2] must be a tensor, got a number", q.calibrate, q, { x, 5 } },
+      { "quantizer:backward: argument 1 (x) must be a tensor, got nil", q.backward, q, nil, nil },
+      { "group:remove: argument 1 must be a quantizer, got nil", g.remove, g, nil },
+      { "parambuf:add: argument 4 (shape) must be a table, got nil", pb.add, pb, "x", nil, "f32" },
+      { "parambuf:store: argument 2 must be a quantized tensor, got a tensor", pb.store, pb, "a", x },
+      { "quant.nvfp4: option 'name' must be a string or nil, got a number", Q.nvfp4, { name = 5 } },
+      { "quant.quantize: option 'amax' must be a number or nil, got a string", Q.quantize, x, "nvfp4", { amax = "x" } },
+      { "quantizer:observer: option 'start' must be a number or nil, got a string", q.observer, q, "mse", { start = "a" } },
+      { "quant.new: option 'div' must be auto, f32, bf16 or f16, got 'i32'", Q.new, "fp8", { div = "i32" } },
+    }
+    for _, c in ipairs(cases) do
+      assert.are.equal(c[1], user_err(c[2], unpack(c, 3, 6)))
+    end
+  end)
+
+  it("keeps a group's Lua list and C members in step, and refuses integer gradients", function()
+    local Q = nibble.quant
+    local q = Q.nvfp4 { name = "m" }
+    local g = Q.group("g", { q })
+    g:add(q)
+    g:add(Q.wrap(q.ptr))        -- another Lua handle on the same quantizer
+    assert.are.equal(1, g:size())
+    assert.are.equal(1, #g.members)
+    g:remove(q)
+    assert.are.equal(0, g:size())
+    assert.are.equal(0, #g.members)
+    local x = nibble.randn("f32", 2, 32)
+    q:calibrate(x)
+    assert.truthy(user_err(q.backward, q, x, x, nibble.zeros("i32", 2, 32))
+      :find("NB_ERR_UNSUPPORTED: quantizer 'm' backward: f32, bf16 or f16 tensors only (x f32, grad_out f32, grad_in i32)", 1, true))
+  end)
+end)
