@@ -9,21 +9,27 @@
 -- layer, calibrated, so it needs calib too).
 local nibble = nibble or require("nibble")
 local recipe = nibble.recipe
-local format = recipe.check_preset(arg.format or "nvfp4_w4a16", "ptq.lua")
 
-return nibble.recipe {
-  extends = "units/" .. format,
-  model = { path = arg.model },
-  algorithm = arg.algorithm,          -- nil: the unit's (max; four_over_six for nvfp4_4o6)
-  calibration = {
-    data = arg.calib,                 -- nil: weight-only formats need no data
-    samples = tonumber(arg.samples or 512),
-    seq_len = tonumber(arg.seq_len or 512),
-    batch = tonumber(arg.batch or 4),
-    random_offset = true,
-    seed = tonumber(arg.seed or 1),
-  },
-  export = { dir = arg.out, layout = arg.layout or "modelopt" },
-  allow_uncalibrated = arg.allow_uncalibrated == "true" or nil,
-  kv_cache = (arg.kv_cache ~= nil and arg.kv_cache ~= "none" and arg.kv_cache ~= "false") and arg.kv_cache or nil,
-}
+return require("nibble.cli").program(function()
+  local a = recipe.args(arg, "ptq.lua", { "model", "out", "format", "algorithm", "calib", "samples", "seq_len",
+    "batch", "seed", "layout", "kv_cache", "allow_uncalibrated" })
+  if not a then return nil end   -- --help
+  local format = recipe.check_preset(a.str("format", "nvfp4_w4a16"), "ptq.lua")
+  local kv = a.str("kv_cache")
+  return nibble.recipe {
+    extends = "units/" .. format,
+    model = { path = a.str("model") },
+    algorithm = a.str("algorithm"),     -- nil: the unit's (max; four_over_six for nvfp4_4o6)
+    calibration = {
+      data = a.str("calib"),            -- nil: weight-only formats need no data
+      samples = a.num("samples", 512),
+      seq_len = a.num("seq_len", 512),
+      batch = a.num("batch", 4),
+      random_offset = true,
+      seed = a.num("seed", 1),
+    },
+    export = { dir = a.str("out"), layout = a.str("layout", "modelopt") },
+    allow_uncalibrated = a.bool("allow_uncalibrated", false) or nil,
+    kv_cache = (kv ~= nil and kv ~= "none" and kv ~= "false") and kv or nil,
+  }
+end)

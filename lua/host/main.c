@@ -109,6 +109,9 @@ static int msghandler(lua_State *L) {
         if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) msg = lua_tostring(L, -1);
         else msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
     }
+    /* a message that already carries its traceback (nibble.cli.program adds the one from where a bug
+     * happened before it re-raises) is not given a second one from the re-raise */
+    if (strstr(msg, "\nstack traceback:")) return 1;
     luaL_traceback(L, L, msg, 1);
     return 1;
 }
@@ -357,7 +360,12 @@ static int pmain(lua_State *L) {
         int s = luaL_loadbuffer(L, argv[2], strlen(argv[2]), "=(command line)");
         a->exit = run_chunk(L, s, prog, "-e", argv + 3, argc - 3, 0);
     } else if (!strcmp(cmd, "run")) {
-        if (argc < 3) { fprintf(stderr, "nibble: run needs a file (see nibble --help)\n"); a->exit = 1; return 0; }
+        if (argc < 3 || !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) {
+            /* the usage text lives with the other commands' (lua/nibble/cli/run.lua) */
+            int code = run_cli(L, "run", argv + 2, argc - 2);
+            a->exit = code >= 0 ? code : 1;
+            return 0;
+        }
         if (load_nibble(L)) { a->exit = 1; return 0; }
         const char *file = argv[2];
         int s = luaL_loadfile(L, strcmp(file, "-") ? file : NULL);
