@@ -108,4 +108,35 @@ static inline int64_t nbt_first_diff(const void *a, const void *b, int64_t nbyte
     if (_d >= 0) { nbt_failures++; fprintf(stderr, "%s:%d: %s differs at byte %lld: ", __FILE__, __LINE__, (what), \
     (long long)_d); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
+/* Base64 (the golden JSON files' byte fields) to a malloc'd buffer of *len bytes; characters outside
+ * the alphabet are skipped, '=' ends it. */
+static inline uint8_t *nbt_b64_decode(const char *s, size_t *len) {
+    static int8_t T[256];
+    static int init = 0;
+    if (!init) {
+        memset(T, -1, sizeof T);
+        const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for (int i = 0; i < 64; i++) T[(uint8_t)a[i]] = (int8_t)i;
+        init = 1;
+    }
+    size_t n = strlen(s);
+    uint8_t *out = malloc(n / 4 * 3 + 3);
+    size_t o = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '=') break;
+        int8_t v = T[(uint8_t)s[i]];
+        if (v < 0) continue;
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (uint8_t)(acc >> bits);
+        }
+    }
+    *len = o;
+    return out;
+}
+
 #endif

@@ -76,40 +76,13 @@ static float scalar_state(const nb_quantizer *q, const char *attr) {
     return v;
 }
 
-static uint8_t *b64_decode(const char *s, size_t *len) {
-    static int8_t T[256];
-    static int init = 0;
-    if (!init) {
-        memset(T, -1, sizeof T);
-        const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        for (int i = 0; i < 64; i++) T[(uint8_t)a[i]] = (int8_t)i;
-        init = 1;
-    }
-    size_t n = strlen(s), o = 0;
-    uint8_t *out = malloc(n / 4 * 3 + 3);
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < n && s[i] != '='; i++) {
-        int8_t v = T[(uint8_t)s[i]];
-        if (v < 0) continue;
-        acc = (acc << 6) | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[o++] = (uint8_t)(acc >> bits);
-        }
-    }
-    *len = o;
-    return out;
-}
-
 /* A golden field's bytes compared with t's (CHECK_SAME names the first difference). */
 static void check_bytes(const nb_tensor *t, const cJSON *o, const char *key, const char *what) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     CHECK_MSG(cJSON_IsString(v), "%s: golden has no %s", what, key);
     if (!cJSON_IsString(v) || !t) return;
     size_t n;
-    uint8_t *want = b64_decode(v->valuestring, &n);
+    uint8_t *want = nbt_b64_decode(v->valuestring, &n);
     CHECK_MSG((size_t)nb_tensor_nbytes(t) == n, "%s %s: %lld bytes, ModelOpt %zu", what, key, (long long)nb_tensor_nbytes(t), n);
     if ((size_t)nb_tensor_nbytes(t) == n) CHECK_SAME(key, nb_tensor_data(t), want, (int64_t)n, "%s", what);
     free(want);
@@ -230,7 +203,7 @@ static nb_tensor *golden_tensor(const cJSON *entry) {
     int nd = cJSON_GetArraySize(shape);
     for (int i = 0; i < nd; i++) sh[i] = (int64_t)cJSON_GetArrayItem(shape, i)->valuedouble;
     size_t n;
-    uint8_t *b = b64_decode(cJSON_GetObjectItemCaseSensitive(entry, "data")->valuestring, &n);
+    uint8_t *b = nbt_b64_decode(cJSON_GetObjectItemCaseSensitive(entry, "data")->valuestring, &n);
     nb_tensor *t = NULL;
     CHECK_OK(ctx, nb_tensor_from_data(ctx, NB_BF16, nd, sh, b, &t));
     free(b);

@@ -16,35 +16,6 @@ static cJSON *doc;
 
 /* ---- small helpers ------------------------------------------------------------------------------------ */
 
-static uint8_t *b64_decode(const char *s, size_t *len) {
-    static int8_t T[256];
-    static int init = 0;
-    if (!init) {
-        memset(T, -1, sizeof T);
-        const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        for (int i = 0; i < 64; i++) T[(uint8_t)a[i]] = (int8_t)i;
-        init = 1;
-    }
-    size_t n = strlen(s);
-    uint8_t *out = malloc(n / 4 * 3 + 3);
-    size_t o = 0;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '=') break;
-        int8_t v = T[(uint8_t)s[i]];
-        if (v < 0) continue;
-        acc = (acc << 6) | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[o++] = (uint8_t)(acc >> bits);
-        }
-    }
-    *len = o;
-    return out;
-}
-
 static const cJSON *get(const cJSON *o, const char *k) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return v;
@@ -53,7 +24,7 @@ static const cJSON *get(const cJSON *o, const char *k) {
 static uint8_t *field(const cJSON *o, const char *k, size_t *len) {
     const cJSON *v = get(o, k);
     if (!cJSON_IsString(v)) { *len = 0; return NULL; }
-    return b64_decode(v->valuestring, len);
+    return nbt_b64_decode(v->valuestring, len);
 }
 
 static float field_f32(const cJSON *o, const char *k) {
