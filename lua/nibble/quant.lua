@@ -254,7 +254,9 @@ function Q.wrap(p)
   local cfg = ffi.new("nb_quantizer_config")
   C.nb_quantizer_get_config(p, cfg)
   C.nb_quantizer_retain(p)
-  return setmetatable({ ptr = ffi.gc(p, C.nb_quantizer_release), name = ffi.string(C.nb_quantizer_name(p)),
+  -- a new cdata for the pointer (ffi.new: ffi.cast returns p itself when the type matches): ffi.gc on p
+  -- would replace the finalizer p may already carry (another handle's), whose reference then leaks
+  return setmetatable({ ptr = ffi.gc(ffi.new("nb_quantizer *", p), C.nb_quantizer_release), name = ffi.string(C.nb_quantizer_name(p)),
                         format = format_names[tonumber(cfg.format)], static = cfg.is_static ~= 0 }, Quantizer)
 end
 

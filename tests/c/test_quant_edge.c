@@ -315,6 +315,8 @@ static void test_zero_amax_rule(void) {
             p.amax = 0.0f;
             CHECK_OK(ctx, nb_quantize(ctx, z, &p, &b));
             CHECK(same_qtensor(a, b));
+            nb_qtensor_release(b);   /* the refused calls below leave b NULL */
+            b = NULL;
             p.amax = NAN;
             p.name = "w";
             CHECK_FAIL(ctx, nb_quantize(ctx, z, &p, &b), NB_ERR_NUMERIC, "w: amax is NaN");
