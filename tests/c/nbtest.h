@@ -139,4 +139,14 @@ static inline uint8_t *nbt_b64_decode(const char *s, size_t *len) {
     return out;
 }
 
+/* A new quantizer of format f (static or dynamic) with the default config, checked. */
+static inline nb_quantizer *nbt_quantizer(nb_ctx *ctx, const char *name, nb_qformat f, int is_static) {
+    nb_quantizer_config cfg;
+    nb_quantizer_config_init(&cfg, f);
+    cfg.is_static = is_static;
+    nb_quantizer *q = NULL;
+    CHECK_OK(ctx, nb_quantizer_new(ctx, name, &cfg, &q));
+    return q;
+}
+
 #endif

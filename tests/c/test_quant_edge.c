@@ -18,15 +18,6 @@ static nb_ctx *ctx;
 
 /* ---- helpers ------------------------------------------------------------------------------------------- */
 
-static nb_quantizer *mkq(const char *name, nb_qformat f, int is_static) {
-    nb_quantizer_config cfg;
-    nb_quantizer_config_init(&cfg, f);
-    cfg.is_static = is_static;
-    nb_quantizer *q = NULL;
-    CHECK_OK(ctx, nb_quantizer_new(ctx, name, &cfg, &q));
-    return q;
-}
-
 /* A [rows, n] tensor of dt with seeded normal values times `scale`. */
 static nb_tensor *randn(nb_dtype dt, int64_t rows, int64_t n, float scale) {
     int64_t sh[2] = {rows, n};
@@ -98,7 +89,7 @@ static void test_calibrate_twice(void) {
     nb_tensor *x = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, sh, &x));
     for (int i = 0; i < 16; i++) nb_store_elem(nb_tensor_data(x), NB_BF16, i, tv4[i]);
-    nb_quantizer *q = mkq("tv4", NB_FMT_NVFP4_46, 1);
+    nb_quantizer *q = nbt_quantizer(ctx, "tv4", NB_FMT_NVFP4_46, 1);
     nb_qtensor *a = NULL, *b = NULL;
     for (int round = 0; round < 3; round++) {
         CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, x, NB_CALIB_FOUR_OVER_SIX));
@@ -127,7 +118,7 @@ static void test_calibrate_twice(void) {
         {NB_FMT_NVFP4_46, 1, NB_CALIB_FOUR_OVER_SIX, "block_amax"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        nb_quantizer *q1 = mkq("w", cases[c].f, cases[c].st), *fresh = mkq("w", cases[c].f, cases[c].st);
+        nb_quantizer *q1 = nbt_quantizer(ctx, "w", cases[c].f, cases[c].st), *fresh = nbt_quantizer(ctx, "w", cases[c].f, cases[c].st);
         CHECK_OK(ctx, nb_quantizer_calibrate(ctx, fresh, w, cases[c].m));
         for (int round = 0; round < 2; round++) {
             CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q1, w, cases[c].m));
@@ -150,7 +141,7 @@ static void test_calibrate_twice(void) {
      * the max over both batches (3.0 here) times linspace(0.25, 4, 39)[choice] */
     nb_tensor *b0 = randn(NB_F32, 4, 32, 0.1f), *b1 = randn(NB_F32, 4, 32, 0.1f);
     ((float *)nb_tensor_data(b1))[7] = -3.0f;
-    q = mkq("act", NB_FMT_FP8_TENSOR, 0);
+    q = nbt_quantizer(ctx, "act", NB_FMT_FP8_TENSOR, 0);
     nb_calib_config cc;
     nb_calib_config_init(&cc, NB_CALIB_MSE);
     nb_calib *ob = NULL;
@@ -171,7 +162,7 @@ static void test_calibrate_twice(void) {
 
     /* a static member of a group searches with the group's global amax: a sibling without its max pass
      * is named; after it, a repeated search gives the same state */
-    nb_quantizer *g0 = mkq("gate", NB_FMT_NVFP4, 1), *g1 = mkq("up", NB_FMT_NVFP4, 1);
+    nb_quantizer *g0 = nbt_quantizer(ctx, "gate", NB_FMT_NVFP4, 1), *g1 = nbt_quantizer(ctx, "up", NB_FMT_NVFP4, 1);
     nb_qgroup *grp = NULL;
     CHECK_OK(ctx, nb_qgroup_new(ctx, "gate_up", &grp));
     CHECK_OK(ctx, nb_qgroup_add(ctx, grp, g0));
@@ -228,7 +219,7 @@ static void test_zero_amax_golden(void) {
             char what[64];
             snprintf(what, sizeof what, "%s %s", names[i], cfgs[c].cfg);
             const cJSON *g = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(san, names[i]), cfgs[c].cfg);
-            nb_quantizer *q = mkq(what, cfgs[c].f, cfgs[c].st);
+            nb_quantizer *q = nbt_quantizer(ctx, what, cfgs[c].f, cfgs[c].st);
             CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MAX));
             nb_qtensor *qt = NULL;
             CHECK_OK(ctx, nb_quantizer_quantize(ctx, q, w, &qt));
@@ -270,7 +261,7 @@ static void test_zero_amax_golden(void) {
     nb_tensor *act0 = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_BF16, 2, ash, &act0));
     for (int k = 0; k < 2; k++) {
-        nb_quantizer *iq = mkq("input_quantizer", k ? NB_FMT_NVFP4 : NB_FMT_FP8_TENSOR, 0);
+        nb_quantizer *iq = nbt_quantizer(ctx, "input_quantizer", k ? NB_FMT_NVFP4 : NB_FMT_FP8_TENSOR, 0);
         CHECK_OK(ctx, nb_quantizer_calibrate(ctx, iq, act0, NB_CALIB_MAX));
         float s = 0;
         CHECK_OK(ctx, nb_quantizer_scale(ctx, iq, &s));
@@ -291,7 +282,7 @@ static void test_zero_amax_rule(void) {
     nb_tensor *z = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, sh, &z));
     /* four_over_six: G 0 -> 6, s2 = 6/1536 = 2^-8; a zero block at 256: r = 256 -> 0x78 (static) */
-    nb_quantizer *q = mkq("46", NB_FMT_NVFP4_46, 1);
+    nb_quantizer *q = nbt_quantizer(ctx, "46", NB_FMT_NVFP4_46, 1);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, z, NB_CALIB_FOUR_OVER_SIX));
     nb_qtensor *qt = NULL;
     CHECK_OK(ctx, nb_quantizer_quantize(ctx, q, z, &qt));
@@ -329,7 +320,7 @@ static void test_zero_amax_rule(void) {
         nb_qtensor_release(b);
     }
     /* a NaN in set_state is named "NaN" (printf would say "-nan") */
-    q = mkq("fp8q", NB_FMT_FP8_TENSOR, 0);
+    q = nbt_quantizer(ctx, "fp8q", NB_FMT_FP8_TENSOR, 0);
     float nan = NAN;
     nb_tensor *nt = NULL;
     CHECK_OK(ctx, nb_tensor_from_data(ctx, NB_F32, 0, NULL, &nan, &nt));
@@ -344,7 +335,7 @@ static void test_zero_amax_rule(void) {
 
 static void test_state_shape(void) {
     nb_tensor *w = randn(NB_BF16, 64, 64, 0.05f);
-    nb_quantizer *q = mkq("q_proj.weight_quantizer", NB_FMT_NVFP4, 1);
+    nb_quantizer *q = nbt_quantizer(ctx, "q_proj.weight_quantizer", NB_FMT_NVFP4, 1);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_MAX));
     int64_t vs[2] = {32, 128};
     nb_tensor *v = NULL, *y = NULL;
@@ -359,7 +350,7 @@ static void test_state_shape(void) {
     /* a transpose of a non-square weight */
     nb_tensor *r = randn(NB_BF16, 32, 64, 0.05f), *rt = NULL;
     CHECK_OK(ctx, nb_tensor_transpose(ctx, r, 0, 1, &rt));
-    nb_quantizer *qr = mkq("k_proj.weight_quantizer", NB_FMT_NVFP4, 1);
+    nb_quantizer *qr = nbt_quantizer(ctx, "k_proj.weight_quantizer", NB_FMT_NVFP4, 1);
     nb_quantizer_config cfg;
     nb_quantizer_get_config(qr, &cfg);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, qr, r, NB_CALIB_MAX));
@@ -375,7 +366,7 @@ static void test_state_shape(void) {
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, vs, &gi));
     CHECK_FAIL(ctx, nb_quantizer_backward(ctx, qb, v, g, gi), NB_ERR_SHAPE, "block_amax {64, 4} does not fit this {32, 128}");
     /* FP8 per channel: the row amax {64, 1} on a {32, 128} view */
-    nb_quantizer *qc = mkq("o_proj.weight_quantizer", NB_FMT_FP8_CHANNEL, 0);
+    nb_quantizer *qc = nbt_quantizer(ctx, "o_proj.weight_quantizer", NB_FMT_FP8_CHANNEL, 0);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, qc, w, NB_CALIB_MAX));
     CHECK_FAIL(ctx, nb_quantizer_quantize(ctx, qc, v, &qt), NB_ERR_SHAPE,
                "amax has 64 values, the tensor needs 32 (amax {64, 1} does not fit this {32, 128} tensor, which needs {32, 1})");
@@ -388,7 +379,7 @@ static void test_state_shape(void) {
     nb_tensor *ba = state_of(q, "block_amax");
     CHECK(ba && ba->shape[0] == 64 && ba->shape[1] == 4);   /* unchanged */
     /* a flat block_amax (ModelOpt's own layout) fits by count, with the same bytes */
-    nb_quantizer *qf = mkq("flat", NB_FMT_NVFP4, 1);
+    nb_quantizer *qf = nbt_quantizer(ctx, "flat", NB_FMT_NVFP4, 1);
     int64_t flat = 256;
     nb_tensor *bf = NULL;
     CHECK_OK(ctx, nb_tensor_view(ctx, ba, 1, &flat, &bf));
@@ -426,7 +417,7 @@ static void test_state_shape(void) {
 
 static void test_four_over_six_dynamic(void) {
     nb_tensor *w = randn(NB_BF16, 8, 64, 0.05f);
-    nb_quantizer *q = mkq("dyn46", NB_FMT_NVFP4_46, 0);
+    nb_quantizer *q = nbt_quantizer(ctx, "dyn46", NB_FMT_NVFP4_46, 0);
     CHECK_FAIL(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_FOUR_OVER_SIX), NB_ERR_INVALID,
                "calibrator for 'dyn46': four_over_six calibration stores a per-block M=6/M=4 choice, which only a static "
                "nvfp4_46 quantizer keeps; this one is dynamic (it picks per block when it quantizes), so calibrate it "
@@ -442,7 +433,7 @@ static void test_four_over_six_dynamic(void) {
     nb_qtensor_release(b);
     nb_quantizer_release(q);
     /* other formats keep the old message */
-    q = mkq("plain", NB_FMT_NVFP4, 1);
+    q = nbt_quantizer(ctx, "plain", NB_FMT_NVFP4, 1);
     CHECK_FAIL(ctx, nb_quantizer_calibrate(ctx, q, w, NB_CALIB_FOUR_OVER_SIX), NB_ERR_INVALID,
                "four_over_six needs a static nvfp4_46 quantizer, not nvfp4 static");
     nb_quantizer_release(q);
@@ -557,7 +548,7 @@ static void test_null_args(void) {
     /* quantizers */
     nb_quantizer *q = NULL;
     CHECK_FAIL(ctx, nb_quantizer_new(ctx, "n", NULL, &q), NB_ERR_INVALID, "quantizer 'n': config is NULL");
-    q = mkq("q", NB_FMT_NVFP4, 0);
+    q = nbt_quantizer(ctx, "q", NB_FMT_NVFP4, 0);
     CHECK_FAIL(ctx, nb_quantizer_quantize(ctx, NULL, x, &qt), NB_ERR_INVALID, "nb_quantizer_quantize: quantizer is NULL");
     CHECK_FAIL(ctx, nb_quantizer_quantize(ctx, q, x, NULL), NB_ERR_INVALID, "nb_quantizer_quantize: out is NULL");
     CHECK_FAIL(ctx, nb_quantizer_fake(ctx, NULL, x, y), NB_ERR_INVALID, "nb_quantizer_fake: quantizer is NULL");

@@ -69,15 +69,6 @@ static int same_bytes(const nb_tensor *t, const cJSON *o, const char *k, const c
 
 static int same_f32(float got, float want) { return memcmp(&got, &want, 4) == 0; }
 
-static nb_quantizer *make_q(const char *name, nb_qformat f, int is_static) {
-    nb_quantizer_config cfg;
-    nb_quantizer_config_init(&cfg, f);
-    cfg.is_static = is_static;
-    nb_quantizer *q = NULL;
-    CHECK_OK(ctx, nb_quantizer_new(ctx, name, &cfg, &q));
-    return q;
-}
-
 /* Calibrate a quantizer with nibble's calibrator and compare its state with ModelOpt's _amax. */
 static void check_state(nb_quantizer *q, const cJSON *g, const char *what) {
     nb_quantizer_config c;
@@ -130,7 +121,7 @@ static void check_export(nb_quantizer *q, const nb_tensor *w, const cJSON *g, co
  * the export arithmetic from the calibration search. */
 static void check_export_with_golden_state(nb_qformat f, int is_static, const nb_tensor *w, const cJSON *g,
                                            const char *what) {
-    nb_quantizer *q = make_q(what, f, is_static);
+    nb_quantizer *q = nbt_quantizer(ctx, what, f, is_static);
     size_t n;
     uint8_t *a = field(g, "amax", &n);
     nb_tensor *t = NULL;
@@ -151,7 +142,7 @@ static void check_export_with_golden_state(nb_qformat f, int is_static, const nb
 }
 
 static void check_input_scale(nb_qformat f, const nb_tensor *act, const cJSON *g, const char *what) {
-    nb_quantizer *iq = make_q("input_quantizer", f, 0);
+    nb_quantizer *iq = nbt_quantizer(ctx, "input_quantizer", f, 0);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, iq, act, NB_CALIB_MAX));
     float s = 0;
     CHECK_OK(ctx, nb_quantizer_scale(ctx, iq, &s));
@@ -169,7 +160,7 @@ static nb_quantizer *start_case(const cJSON *mo, const char *name, const char *k
                                 const cJSON **g, char what[WHAT_LEN]) {
     *g = get(mo, key);
     snprintf(what, WHAT_LEN, "%s %s", name, key);
-    return make_q(what, f, is_static);
+    return nbt_quantizer(ctx, what, f, is_static);
 }
 
 static void one_input(const char *name, const nb_tensor *w, const nb_tensor *act, const cJSON *mo) {
@@ -273,8 +264,8 @@ static void fused(const nb_tensor *const *w, const nb_tensor *act) {
         char what[96];
         for (int i = 0; i < 3; i++) {
             snprintf(what, sizeof what, "fused %s %s", kinds[k], names[i]);
-            q[i] = make_q(what, f, st);
-            iq[i] = make_q("input", NB_FMT_NVFP4, 0);
+            q[i] = nbt_quantizer(ctx, what, f, st);
+            iq[i] = nbt_quantizer(ctx, "input", NB_FMT_NVFP4, 0);
             CHECK_OK(ctx, nb_qgroup_add(ctx, g, q[i]));
             CHECK_OK(ctx, nb_qgroup_add(ctx, gi, iq[i]));
         }

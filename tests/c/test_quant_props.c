@@ -30,15 +30,6 @@ static float absmax_of(const nb_tensor *t) {
     return m;
 }
 
-static nb_quantizer *mkq(const char *name, nb_qformat f, int is_static) {
-    nb_quantizer_config c;
-    nb_quantizer_config_init(&c, f);
-    c.is_static = is_static;
-    nb_quantizer *q = NULL;
-    CHECK_OK(ctx, nb_quantizer_new(ctx, name, &c, &q));
-    return q;
-}
-
 static int same_tensor_bytes(const nb_tensor *a, const nb_tensor *b) {
     return nb_tensor_nbytes(a) == nb_tensor_nbytes(b) &&
            memcmp(nb_tensor_data(a), nb_tensor_data(b), (size_t)nb_tensor_nbytes(a)) == 0;
@@ -225,7 +216,7 @@ static void ste(void) {
     int64_t sh[2] = {4, 64};
     for (int k = 0; k < 4; k++) {
         nb_qformat f = k == 0 ? NB_FMT_NVFP4 : k == 1 ? NB_FMT_NVFP4 : k == 2 ? NB_FMT_FP8_CHANNEL : NB_FMT_MXFP8;
-        nb_quantizer *q = mkq("ste", f, k == 1);
+        nb_quantizer *q = nbt_quantizer(ctx, "ste", f, k == 1);
         nb_tensor *x = randn(NB_F32, 2, sh, 1.0f, 0), *g = randn(NB_F32, 2, sh, 1.0f, 0), *gi = NULL, *x2 = NULL;
         CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, x, NB_CALIB_MAX));
         CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, sh, &gi));
@@ -286,7 +277,7 @@ static void calibrators(void) {
         memcpy((float *)nb_tensor_data(all) + i * 8 * 64, nb_tensor_data(b[i]), 8 * 64 * 4);
     }
     /* per-tensor max over batches == max of the concatenation */
-    nb_quantizer *q = mkq("act", NB_FMT_NVFP4, 0), *q2 = mkq("act all", NB_FMT_NVFP4, 0);
+    nb_quantizer *q = nbt_quantizer(ctx, "act", NB_FMT_NVFP4, 0), *q2 = nbt_quantizer(ctx, "act all", NB_FMT_NVFP4, 0);
     nb_calib_config cc;
     nb_calib_config_init(&cc, NB_CALIB_MAX);
     nb_calib *c = NULL;
@@ -309,7 +300,7 @@ static void calibrators(void) {
     nb_quantizer_release(q2);
 
     /* a per-block observer needs the same shape every batch */
-    q = mkq("w", NB_FMT_NVFP4, 1);
+    q = nbt_quantizer(ctx, "w", NB_FMT_NVFP4, 1);
     CHECK_OK(ctx, nb_calib_new(ctx, q, &cc, &c));
     CHECK_OK(ctx, nb_calib_collect(ctx, c, b[0]));
     CHECK_OK(ctx, nb_calib_collect(ctx, c, b[1]));
@@ -336,7 +327,7 @@ static void calibrators(void) {
 
     /* MSE: the choice is the argmin of the summed squared error over the candidates, first index on
      * ties (export metric, recomputed here with nb_fake_quant) */
-    q = mkq("fp8 w", NB_FMT_FP8_TENSOR, 0);
+    q = nbt_quantizer(ctx, "fp8 w", NB_FMT_FP8_TENSOR, 0);
     nb_calib_config_init(&cc, NB_CALIB_MSE);
     cc.metric = NB_MSE_EXPORT;
     CHECK_OK(ctx, nb_calib_new(ctx, q, &cc, &c));
@@ -381,7 +372,7 @@ static void calibrators(void) {
     nb_tensor *t = NULL;
     CHECK_OK(ctx, nb_tensor_from_data(ctx, NB_F32, 2, s1, tv, &t));
     for (int m = 0; m < 2; m++) {
-        q = mkq("tie", NB_FMT_FP8_TENSOR, 0);
+        q = nbt_quantizer(ctx, "tie", NB_FMT_FP8_TENSOR, 0);
         nb_calib_config_init(&cc, NB_CALIB_MSE);
         cc.metric = m ? NB_MSE_EXPORT : NB_MSE_MODELOPT;
         cc.start_multiplier = 1.0;
@@ -400,11 +391,11 @@ static void calibrators(void) {
     nb_tensor_release(t);
 
     /* four_over_six: needs a static nvfp4_46 quantizer; its choice equals the inline dynamic one */
-    q = mkq("plain", NB_FMT_NVFP4, 1);
+    q = nbt_quantizer(ctx, "plain", NB_FMT_NVFP4, 1);
     nb_calib_config_init(&cc, NB_CALIB_FOUR_OVER_SIX);
     CHECK_FAIL(ctx, nb_calib_new(ctx, q, &cc, &c), NB_ERR_INVALID, "four_over_six needs a static nvfp4_46 quantizer");
     nb_quantizer_release(q);
-    q = mkq("46", NB_FMT_NVFP4_46, 1);
+    q = nbt_quantizer(ctx, "46", NB_FMT_NVFP4_46, 1);
     CHECK_OK(ctx, nb_quantizer_calibrate(ctx, q, all, NB_CALIB_FOUR_OVER_SIX));
     nb_tensor *f1 = NULL, *f2 = NULL;
     CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 2, sh3, &f1));
@@ -427,7 +418,7 @@ static void calibrators(void) {
 static void state_and_groups(void) {
     int64_t sh[3] = {2, 3, 32};
     nb_tensor *w = randn(NB_BF16, 3, sh, 0.02f, 1);
-    nb_quantizer *q = mkq("model.layers.0.mlp.up_proj.weight_quantizer", NB_FMT_NVFP4_46, 1);
+    nb_quantizer *q = nbt_quantizer(ctx, "model.layers.0.mlp.up_proj.weight_quantizer", NB_FMT_NVFP4_46, 1);
     CHECK_EQ_INT(nb_quantizer_check(ctx, q), NB_ERR_UNCALIBRATED);
     CHECK(strcmp(nb_quantizer_missing(q), "block_amax") == 0);
     nb_qtensor *qt = NULL;
@@ -444,7 +435,7 @@ static void state_and_groups(void) {
     CHECK_FAIL(ctx, nb_quantizer_get_state(ctx, q, "amax", &none), NB_ERR_UNCALIBRATED, "has no calibrated amax");
     CHECK_OK(ctx, nb_quantizer_quantize(ctx, q, w, &qt));
     /* restore into a fresh quantizer: the same bytes */
-    nb_quantizer *r = mkq("restored", NB_FMT_NVFP4_46, 1);
+    nb_quantizer *r = nbt_quantizer(ctx, "restored", NB_FMT_NVFP4_46, 1);
     CHECK_OK(ctx, nb_quantizer_set_state(ctx, r, "block_amax", ba));
     CHECK_FAIL(ctx, nb_quantizer_check(ctx, r), NB_ERR_UNCALIBRATED, "quantizer 'restored' has no calibrated global_amax");
     CHECK_OK(ctx, nb_quantizer_set_state(ctx, r, "global_amax", ga));
@@ -492,12 +483,12 @@ static void state_and_groups(void) {
     /* groups: the members read the maximum; a group lives while a member does */
     int64_t s2[2] = {4, 64};
     nb_tensor *wg = randn(NB_BF16, 2, s2, 0.01f, 0), *wu = randn(NB_BF16, 2, s2, 0.05f, 0);
-    nb_quantizer *gate = mkq("gate_proj.weight_quantizer", NB_FMT_NVFP4, 0), *up = mkq("up_proj.weight_quantizer", NB_FMT_NVFP4, 0);
+    nb_quantizer *gate = nbt_quantizer(ctx, "gate_proj.weight_quantizer", NB_FMT_NVFP4, 0), *up = nbt_quantizer(ctx, "up_proj.weight_quantizer", NB_FMT_NVFP4, 0);
     nb_qgroup *g = NULL;
     CHECK_OK(ctx, nb_qgroup_new(ctx, "mlp.gate_up", &g));
     CHECK_OK(ctx, nb_qgroup_add(ctx, g, gate));
     CHECK_OK(ctx, nb_qgroup_add(ctx, g, up));
-    nb_quantizer *st = mkq("static", NB_FMT_NVFP4, 1), *mx = mkq("mx", NB_FMT_MXFP8, 0);
+    nb_quantizer *st = nbt_quantizer(ctx, "static", NB_FMT_NVFP4, 1), *mx = nbt_quantizer(ctx, "mx", NB_FMT_MXFP8, 0);
     CHECK_FAIL(ctx, nb_qgroup_add(ctx, g, st), NB_ERR_INVALID, "cannot join group 'mlp.gate_up' of nvfp4 quantizers");
     CHECK_FAIL(ctx, nb_qgroup_add(ctx, g, mx), NB_ERR_INVALID, "mxfp8 has no per-tensor amax to share");
     nb_qgroup_release(g);
@@ -564,7 +555,7 @@ static void errors(void) {
     nb_store_elem(nb_tensor_data(xn), NB_BF16, 35, 1.0);
     nb_store_elem(nb_tensor_data(xn), NB_BF16, 2 * 32 + 31, -INFINITY);
     CHECK_FAIL(ctx, nb_quantize(ctx, xn, &p, &q), NB_ERR_NUMERIC, "q_proj.weight: -Inf at flat index 95 (element [2, 31])");
-    nb_quantizer *qz = mkq("k_proj.weight_quantizer", NB_FMT_FP8_TENSOR, 0);
+    nb_quantizer *qz = nbt_quantizer(ctx, "k_proj.weight_quantizer", NB_FMT_FP8_TENSOR, 0);
     CHECK_FAIL(ctx, nb_quantizer_calibrate(ctx, qz, xn, NB_CALIB_MAX), NB_ERR_NUMERIC,
                "k_proj.weight_quantizer: -Inf at flat index 95");
     CHECK_FAIL(ctx, nb_quantizer_quantize(ctx, qz, x48, &q), NB_ERR_UNCALIBRATED, "quantizer 'k_proj.weight_quantizer' has no calibrated amax");
@@ -641,7 +632,7 @@ static void threads_and_dispatch(void) {
     CHECK_OK(ctx, nb_ctx_new(4, &c4));
     const nb_qformat fs[4] = {NB_FMT_NVFP4, NB_FMT_NVFP4_46, NB_FMT_MXFP8, NB_FMT_FP8_CHANNEL};
     for (int i = 0; i < 4; i++) {
-        nb_quantizer *a = mkq("t1", fs[i], fs[i] == NB_FMT_NVFP4_46), *b = mkq("t4", fs[i], fs[i] == NB_FMT_NVFP4_46);
+        nb_quantizer *a = nbt_quantizer(ctx, "t1", fs[i], fs[i] == NB_FMT_NVFP4_46), *b = nbt_quantizer(ctx, "t4", fs[i], fs[i] == NB_FMT_NVFP4_46);
         nb_calib_method m = fs[i] == NB_FMT_NVFP4_46 ? NB_CALIB_FOUR_OVER_SIX : fs[i] == NB_FMT_MXFP8 ? NB_CALIB_MAX : NB_CALIB_MSE;
         CHECK_OK(c1, nb_quantizer_calibrate(c1, a, x, m));
         CHECK_OK(c4, nb_quantizer_calibrate(c4, b, x, m));
