@@ -161,6 +161,19 @@ function M.load(paths, opts)
   return ds
 end
 
+-- read_text(path [, who]): the bytes of a text file, for callers that tokenize a whole file themselves
+-- (eval data); refuses a binary one as add_file does (nb_data_check_text: a NUL byte).
+function M.read_text(path, who)
+  if type(path) ~= "string" then fail((who or "read_text") .. ": expected a path, got " .. type(path)) end
+  local f, e = io.open(path, "rb")
+  if not f then fail((who or "read_text") .. ": cannot open " .. path .. ": " .. tostring(e)) end
+  local s = f:read("*a")
+  f:close()
+  if not s then fail((who or "read_text") .. ": cannot read " .. path) end
+  check(C.nb_data_check_text(ctx(), path, s, #s))
+  return s
+end
+
 function Dataset:add_file(path, opts)
   if type(path) ~= "string" then fail("add_file: expected a path, got " .. type(path)) end
   local o, tp, keep = data_opts(opts, "data.load")

@@ -515,12 +515,7 @@ function Model:eval(o)
   local toks = o.tokens
   if toks == nil then
     local text = o.text
-    if o.data then
-      local f, e = io.open(o.data, "rb")
-      if not f then fail("eval: cannot open " .. tostring(o.data) .. ": " .. tostring(e)) end
-      text = f:read("*a")
-      f:close()
-    end
+    if o.data then text = nibble.data.read_text(o.data, "eval") end
     if not text then fail("eval: give data (a file), text or tokens") end
     toks = self:tokenizer():encode_tokens(text)
   end

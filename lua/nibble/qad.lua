@@ -566,14 +566,6 @@ end
 
 -- ---- the recipe pipeline --------------------------------------------------------------------------------
 
-local function read_file(p)
-  local f, e = io.open(p, "rb")
-  if not f then fail("qad: cannot read " .. tostring(p) .. ": " .. tostring(e)) end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
 local function is_interrupt(err)
   local s = tostring(err)
   return s:find("interrupted", 1, true) ~= nil or s:find("NB_ERR_INTERRUPTED", 1, true) ~= nil
@@ -709,7 +701,7 @@ function Q.run(r, args, opts)
       tonumber(cfg.steps), loader.batch, loader.seq_len, tonumber(cfg.grad_accum), tostring(d.data),
       loader.rows_per_epoch, gnum(cfg.lr), gnum(cfg.min_lr), tonumber(cfg.warmup), Q.loss_text(cfg))
   local eval_tokens
-  if eval_data then eval_tokens = tok:encode_tokens(read_file(eval_data)) end
+  if eval_data then eval_tokens = tok:encode_tokens(nibble.data.read_text(eval_data, "qad: eval data")) end
   local eopts = { ctx = tonumber(ev.ctx) or 512, chunks = tonumber(ev.chunks) }
 
   local run = Q.new { teacher = teacher, student = qm, loader = loader, config = cfg }

@@ -288,6 +288,44 @@ static void test_errors(nb_ctx *ctx, const nb_tokenizer *tok) {
     nb_dataset_release(ds);
 }
 
+/* Binary files are refused with the offset of their first NUL byte (where GGUF and safetensors have one:
+ * the version's high bytes at 5, the header length's at 2), in every format, before anything is added;
+ * text that is not UTF-8 (Latin-1) still loads, as the tokenizers take any bytes. */
+static void check_binary(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *path, long long off) {
+    char want[1024];
+    snprintf(want, sizeof want, "%s is not a text file (a NUL byte at offset %lld): give a text or JSONL file", path, off);
+    CHECK_FAIL(ctx, nb_dataset_add_file(ctx, ds, tok, path, NULL), NB_ERR_FORMAT, want);
+    CHECK_MSG(strcmp(nb_ctx_last_error(ctx), want) == 0, "message \"%s\", wanted \"%s\"", nb_ctx_last_error(ctx), want);
+}
+
+static void test_binary(nb_ctx *ctx, const nb_tokenizer *tok) {
+    nb_dataset *ds = NULL;
+    CHECK_OK(ctx, nb_dataset_load(ctx, tok, nbt_src("tests/data/docs.txt"), NULL, &ds));
+    if (!ds) return;
+    const int64_t n0 = nb_dataset_n_tokens(ds), d0 = nb_dataset_n_docs(ds);
+    const uint64_t h0 = nb_dataset_fingerprint(ds);
+    check_binary(ctx, ds, tok, nbt_data("stories260K/stories260K.gguf"), 5);
+    check_binary(ctx, ds, tok, nbt_data("stories260K/hf/model.safetensors"), 2);
+    /* a NUL late in otherwise good text, in each format; a BOM does not shift the offset */
+    check_binary(ctx, ds, tok, TMP("nul.txt", "one story\n\ntwo\0stories\n"), 14);
+    check_binary(ctx, ds, tok, TMP("nul.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\0\"}\n"), 25);
+    check_binary(ctx, ds, tok, TMP("nul.json", "[{\"text\": \"a\"}]\0"), 15);
+    check_binary(ctx, ds, tok, TMP("bom.txt", "\xEF\xBB\xBFtext\0"), 7);
+    CHECK_EQ_INT(nb_dataset_n_tokens(ds), n0);
+    CHECK_EQ_INT(nb_dataset_n_docs(ds), d0);
+    CHECK_EQ_INT(nb_dataset_fingerprint(ds), h0);
+    /* Latin-1 ("caf\xE9") is not UTF-8 but is text: it loads */
+    CHECK_OK(ctx, nb_dataset_add_file(ctx, ds, tok, TMP("latin1.txt", "un caf\xE9 noir\n"), NULL));
+    CHECK_EQ_INT(nb_dataset_n_docs(ds), d0 + 1);
+    /* the check on its own, as nibble.data.read_text uses it */
+    CHECK_OK(ctx, nb_data_check_text(ctx, "x", "text", 4));
+    CHECK_OK(ctx, nb_data_check_text(ctx, "x", NULL, 0));
+    CHECK_FAIL(ctx, nb_data_check_text(ctx, "eval.txt", "ab\0", 3), NB_ERR_FORMAT,
+               "eval.txt is not a text file (a NUL byte at offset 2): give a text or JSONL file");
+    CHECK_FAIL(ctx, nb_data_check_text(ctx, "x", NULL, 3), NB_ERR_INVALID, "nb_data_check_text: bad arguments");
+    nb_dataset_release(ds);
+}
+
 /* ChatML with the Qwen2 vocabulary (llama.cpp's vocab GGUF): control tokens by id, assistant turns masked in. */
 static void test_chatml(nb_ctx *ctx) {
     const char *path = nbt_data("tokenizers/llama.cpp-vocab-tests/ggml-vocab-qwen2.gguf");
@@ -445,6 +483,7 @@ int main(void) {
         CHECK_EQ_INT(nb_tokenizer_add_bos(tok), 1);
         test_fixtures(ctx, tok);
         test_errors(ctx, tok);
+        test_binary(ctx, tok);
         test_tinystories(ctx, tok);
         nb_tokenizer_free(tok);
     }

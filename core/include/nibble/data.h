@@ -148,10 +148,15 @@ nb_status nb_dataset_new(nb_ctx *ctx, nb_dataset **out);
 nb_status nb_dataset_load(nb_ctx *ctx, const nb_tokenizer *tok, const char *path, const nb_data_opts *opts,
                           nb_dataset **out);
 /* Append every document of a file. Tokenization runs on the context's threads; the result does not
- * depend on their number. Fails, adding nothing, on an unreadable or malformed file or one without
- * documents. */
+ * depend on their number. Fails, adding nothing, on an unreadable or malformed file, a binary one
+ * (nb_data_check_text) or one without documents. */
 nb_status nb_dataset_add_file(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *path,
                               const nb_data_opts *opts);
+/* NB_ERR_FORMAT "NAME is not a text file (a NUL byte at offset N): give a text or JSONL file" when the
+ * len bytes hold a NUL (a binary file such as a GGUF or safetensors), else NB_OK. Invalid UTF-8 passes
+ * (the tokenizers take any bytes). nb_dataset_add_file checks every file with it; callers that read
+ * text files themselves (eval data) call it too. */
+nb_status nb_data_check_text(nb_ctx *ctx, const char *name, const char *data, int64_t len);
 /* Append one plain-text document (mask 1) of len bytes. */
 nb_status nb_dataset_add_text(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *text, int64_t len,
                               const nb_data_opts *opts);

@@ -640,6 +640,21 @@ static nb_status read_text(nb_ctx *ctx, nb_dataset *ds, const enc_env *env, recs
     return st;
 }
 
+/* A binary file (a GGUF, a safetensors, a zip) read as text tokenizes without complaint into a stream of
+ * byte tokens, and calibration or perplexity then runs on noise with exit 0. Text never holds a NUL byte
+ * while every such format has them within its first bytes (little-endian lengths and versions), so one
+ * NUL is the sign. Invalid UTF-8 is let through: the tokenizers take arbitrary bytes (byte fallback,
+ * byte-level BPE), Latin-1 corpora are text, and sampled answers may end inside a UTF-8 sequence. */
+nb_status nb_data_check_text(nb_ctx *ctx, const char *name, const char *data, int64_t len) {
+    if (len < 0 || (!data && len > 0)) return nb_fail(ctx, NB_ERR_INVALID, "nb_data_check_text: bad arguments");
+    const char *z = len > 0 ? memchr(data, 0, (size_t)len) : NULL;
+    if (z) {
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s is not a text file (a NUL byte at offset %lld): give a text or JSONL file",
+                       name ? name : "data", (long long)(z - data));
+    }
+    return NB_OK;
+}
+
 nb_status nb_dataset_add_file(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *path,
                               const nb_data_opts *opts) {
     if (!ds || !path) return nb_fail(ctx, NB_ERR_INVALID, "nb_dataset_add_file: NULL dataset or path");
@@ -653,6 +668,10 @@ nb_status nb_dataset_add_file(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *t
     if ((st = nb_buffer_mmap(ctx, path, &buf))) return st;
     const char *p = nb_buffer_data(buf);
     int64_t n = (int64_t)nb_buffer_size(buf);
+    if ((st = nb_data_check_text(ctx, path, p, n))) {
+        nb_buffer_release(buf);
+        return st;
+    }
     if (n >= 3 && memcmp(p, "\xEF\xBB\xBF", 3) == 0) { p += 3; n -= 3; }   /* UTF-8 byte order mark */
     nb_data_format fmt = o.format;
     if (fmt == NB_DATA_FORMAT_AUTO) {
