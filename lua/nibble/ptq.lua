@@ -314,6 +314,16 @@ function M.run(r, args, opts)
   if not opts.dry_run and not opts.no_export and not export.dir then
     error("recipe: export.dir is missing (where to write the checkpoint; nibble quantize: --out DIR)", 0)
   end
+  if not opts.dry_run and not opts.no_export then
+    -- refuse an occupied folder now, not after minutes of loading and calibration; the export asks
+    -- again before it writes and before its rename
+    local c = ctx()
+    if C.nb_export_check_target(c, tostring(export.dir)) ~= 0 then
+      local msg = ffi.string(C.nb_ctx_last_error(c))
+      C.nb_ctx_clear_error(c)
+      error(msg, 0)
+    end
+  end
   if opts.dry_run and not opts.model then
     -- a plan needs the module list only: the config and file headers, no weights (result.model is nil)
     if type(mpath) ~= "string" then fail("ptq: the recipe needs model.path (a Hugging Face directory or a .gguf)") end

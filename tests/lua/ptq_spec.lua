@@ -269,6 +269,39 @@ describe("ptq on stories260K", function()
                                      export = { dir = tmp .. "/never" } }), nil, true)
   end)
 
+  it("an occupied out folder is refused before the model is loaded or any data read; an earlier export is not", function()
+    if not need(stories) then return end
+    local busy = tmp .. "/busy"
+    os.execute("mkdir -p " .. nbspec.quote(busy))
+    nbspec.write(busy .. "/notes.txt", "my notes\n")
+    local want = "export: " .. busy .. " exists and is not a nibble export (it holds notes.txt): remove it or choose "
+                 .. "another output directory"
+    -- neither the model nor the calibration file exists: the refusal must come before either is opened
+    local r = recipe.new { extends = "units/nvfp4", model = { path = tmp .. "/no-such-model" },
+                           calibration = { data = tmp .. "/no-such-calib.txt" }, export = { dir = busy } }
+    assert.are.equal(want, err_of(quiet_run, r))
+    assert.are.equal("my notes\n", nbspec.read(busy .. "/notes.txt"))
+    -- the command line says it once, on one line, and exits non-zero; the folder is untouched
+    local out, err, rc = nbspec.nibble { "quantize", "--model", stories, "--format", "nvfp4", "--calib",
+                                         tmp .. "/no-such-calib.txt", "--out", busy }
+    assert.are_not.equal(0, rc)
+    assert.truthy(err:find(want, 1, true), err)
+    assert.falsy(err:find("calibration", 1, true), err)
+    assert.are.equal("", out)
+    assert.are.equal("my notes\n", nbspec.read(busy .. "/notes.txt"))
+    -- a dry run (a plan) does not ask
+    assert.truthy(quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories },
+                                         export = { dir = busy } }, nil, { dry_run = true }).plan)
+    -- an earlier export is replaced
+    local again = tmp .. "/again"
+    quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories }, export = { dir = again } })
+    local first = nbspec.read(again .. "/model.safetensors")
+    local res = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories },
+                                       export = { dir = again } })
+    assert.are.equal(again, res.export_dir)
+    assert.is_true(first == nbspec.read(again .. "/model.safetensors"))
+  end)
+
   it("four_over_six lowers the weight error and the perplexity against plain NVFP4", function()
     if not need(stories, valid) then return end
     local plain = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories },
