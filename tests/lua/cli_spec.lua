@@ -179,3 +179,119 @@ describe("errors of programs that nibble run starts", function()
     assert.matches("nibble run %.%.%.%s+run a Lua script or a recipe", help)
   end)
 end)
+
+describe("sub-commands: one-line refusals that name the path and what is wrong", function()
+  local H = nbspec.data("stories260K/hf")
+  local V = nbspec.data("text/tinystories_valid_head_776KiB.txt")
+  local tmp = nbspec.private_dir()
+
+  -- runs nibble ARGS and checks exit code 1, nothing on stdout and exactly `msg` on stderr
+  local function refused(args, msg)
+    local out, err, rc = nbspec.nibble(args)
+    assert.are.equal(msg, err)
+    assert.are.equal(1, rc, table.concat(args, " "))
+    assert.are.equal("", out)
+  end
+
+  it("parse: a value that starts with -- is a forgotten value, not the value; --opt=--x and -1 still pass", function()
+    local o, code, _, err = run({ "--model", "--ids" })
+    assert.is_nil(o)
+    assert.are.equal(1, code)
+    assert.are.equal("nibble demo: --model needs a value, got the option --ids\n", err)
+    _, _, _, err = run({ "--ctx", "--ids" })
+    assert.are.equal("nibble demo: --ctx needs a value, got the option --ids\n", err)
+    _, _, _, err = run({ "--ctx", "-1" })
+    assert.are.equal("nibble demo: --ctx needs a positive integer, got -1\n", err)
+    assert.are.same({ model = "--ids" }, (run({ "--model=--ids" })))
+  end)
+
+  it("quantize --out --quiet and tokenize --text --count are refused (no folder named --quiet)", function()
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--out", "--quiet" },
+      "nibble quantize: --out needs a value, got the option --quiet\n")
+    refused({ "tokenize", "--model", "/nonexistent", "--text", "--count" },
+      "nibble tokenize: --text needs a value, got the option --count\n")
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--out", tmp .. "/q", "--samples", "0" },
+      "nibble quantize: --samples needs a positive integer, got 0\n")
+    refused({ "generate", "--model", "/nonexistent", "--top-p", "2" }, "nibble generate: --top-p needs a number in (0, 1], got 2\n")
+    refused({ "generate", "--model", "/nonexistent", "--top-p", "0" }, "nibble generate: --top-p needs a number in (0, 1], got 0\n")
+  end)
+
+  it("plot, tokenize, eval and plan: a folder or a missing file is one line naming the path once", function()
+    refused({ "plot", tmp, "--out", tmp .. "/c.svg" }, "nibble plot: " .. tmp .. " is a folder, not a file\n")
+    refused({ "plot", "/nonexist.txt", "--out", tmp .. "/c.svg" },
+      "nibble plot: cannot open /nonexist.txt: No such file or directory\n")
+    local m = tmp .. "/m.jsonl"
+    nbspec.write(m, '{"step": 1, "loss": 2}\n')
+    refused({ "plot", m, "--out", "/nonexist/c.svg" }, "nibble plot: cannot write /nonexist/c.svg: No such file or directory\n")
+    refused({ "plan", "/nonexist.lua" }, "nibble plan: cannot open /nonexist.lua: No such file or directory\n")
+    local md = tmp .. "/notes.md"
+    nbspec.write(md, "# title\n\n`code`\n")
+    refused({ "plan", md }, "nibble plan: " .. md .. " is not a Lua recipe: " .. md .. ":3: unexpected symbol near '`'\n")
+    if not nbspec.need(H) then return end
+    refused({ "tokenize", "--model", H, "--file", tmp }, "nibble tokenize: " .. tmp .. " is a folder, not a file\n")
+    refused({ "tokenize", "--model", H, "--file", "/nonexist.txt" },
+      "nibble tokenize: cannot open /nonexist.txt: No such file or directory\n")
+    local bin = tmp .. "/bin.dat"
+    nbspec.write(bin, "abc\0def")
+    refused({ "tokenize", "--model", H, "--file", bin }, "nibble tokenize: " .. bin .. " is not a text file (a NUL byte at offset 3)\n")
+    refused({ "eval", "--model", H, "--data", tmp }, "nibble eval: " .. tmp .. " is a folder, not a file\n")
+    refused({ "eval", "--model", H, "--data", "/nonexist.txt" },
+      "nibble eval: cannot open /nonexist.txt: No such file or directory\n")
+  end)
+
+  it("inspect: a text file is not safetensors or GGUF; config.json is not an index", function()
+    local txt = tmp .. "/a.txt"
+    nbspec.write(txt, "Once upon a time there was a cat.\n")
+    refused({ "inspect", txt }, "nibble inspect: " .. txt .. " is not a safetensors or GGUF file\n")
+    if not nbspec.need(H) then return end
+    refused({ "inspect", H .. "/config.json" }, "nibble inspect: " .. H .. "/config.json is not a safetensors index "
+      .. "(no \"weight_map\"); give the model folder, a .safetensors or a .gguf file\n")
+    local out, _, rc = nbspec.nibble { "inspect", H .. "/model.safetensors" }
+    assert.are.equal(0, rc)
+    assert.truthy(out:find("safetensors, 1 file, 47 tensors, 260,032 parameters", 1, true), out)
+  end)
+
+  it("eval and generate refuse contexts beyond max_position_embeddings unless --allow-long", function()
+    if not nbspec.need(H, V) then return end
+    refused({ "eval", "--model", H, "--data", V, "--ctx", "4096", "--chunks", "1" },
+      "nibble eval: --ctx 4096 is more than the model's max_position_embeddings 512 (--allow-long runs it anyway)\n")
+    local out, err, rc = nbspec.nibble { "eval", "--model", H, "--data", V, "--ctx", "600", "--chunks", "1", "--allow-long" }
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("(1 chunk of 600 tokens, 299 scored)", 1, true), out)
+    refused({ "generate", "--model", H, "--prompt", "Once upon", "-n", "510", "--greedy" },
+      "nibble generate: the prompt's 3 tokens + -n 510 = 513 is more than the model's max_position_embeddings 512 "
+      .. "(--allow-long runs it anyway)\n")
+    refused({ "generate", "--model", H, "-n", "512" },
+      "nibble generate: the prompt's 1 token + -n 512 = 513 is more than the model's max_position_embeddings 512 "
+      .. "(--allow-long runs it anyway)\n")
+  end)
+
+  it("eval, generate and tokenize take the model's .safetensors file for its folder", function()
+    if not nbspec.need(H, V) then return end
+    local out, err, rc = nbspec.nibble { "eval", "--model", H .. "/model.safetensors", "--data", V, "--ctx", "64",
+                                         "--chunks", "1", "--json" }
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find('"tokens": 31', 1, true), out)
+    out, err, rc = nbspec.nibble { "tokenize", "--model", H .. "/model.safetensors", "--text", "hi" }
+    assert.are.equal(0, rc, err)
+    assert.are.equal("1 270 417\n", out)
+    out, err, rc = nbspec.nibble { "generate", "--model", H .. "/model.safetensors", "--prompt", "Once upon", "-n", "5",
+                                   "--greedy" }
+    assert.are.equal(0, rc, err)
+    assert.are.equal("Once upon a time, there was\n", out)
+  end)
+
+  it("--help says what the options mean", function()
+    local out = nbspec.nibble { "generate", "--help" }
+    assert.truthy(out:find("0 = no top-k limit", 1, true), out)
+    assert.truthy(out:find("--allow-long", 1, true), out)
+    out = nbspec.nibble { "eval", "--help" }
+    assert.truthy(out:find("--allow-long   allow a --ctx beyond max_position_embeddings", 1, true), out)
+    out = nbspec.nibble { "inspect", "--help" }
+    assert.truthy(out:find("--all    print every element of long metadata arrays", 1, true), out)
+    out = nbspec.nibble { "tokenize", "--help" }
+    assert.truthy(out:find("without --text or --file the text is read from stdin", 1, true), out)
+    out = nbspec.nibble { "quantize", "--help" }
+    assert.truthy(out:find("--samples N   calibration rows (default 512", 1, true), out)
+  end)
+end)

@@ -7,11 +7,15 @@
 -- {"ppl":..., "nll":..., "tokens":..., "kld":..., "top1":..., "ppl_err":..., "chunks":...}.
 -- An exported checkpoint runs as it ships: quantized activations (input scales) and an FP8 KV cache
 -- (k_scale / v_scale: keys and values fake-quantized to FP8 E4M3 with those scales, as vLLM's FP8 cache
--- stores them) are applied and reported; --no-kv-quant keeps the KV cache in float.
+-- stores them) are applied and reported; --no-kv-quant keeps the KV cache in float. A --ctx beyond the
+-- model's max_position_embeddings is refused unless --allow-long (positions it was not trained on).
+-- PATH may be the model folder or its .safetensors file.
 local nibble = require("nibble")
 
 local USAGE = "usage: nibble eval --model PATH --data FILE [--ctx 512] [--chunks N] [--batch B] [--teacher PATH] [--json]\n"
-  .. "         [--no-kv-quant]\n"
+  .. "         [--no-kv-quant] [--allow-long]\n"
+  .. "  --ctx N        tokens per chunk (default 512); at most the model's max_position_embeddings\n"
+  .. "  --allow-long   allow a --ctx beyond max_position_embeddings\n"
 
 local function err(msg)
   io.stderr:write("nibble eval: ", msg, "\n")
@@ -30,6 +34,7 @@ local SPEC = {
   { "--teacher", key = "teacher", arg = "PATH" }, { "--ctx", "-c", key = "ctx", num = "int+" },
   { "--chunks", key = "chunks", num = "int+" }, { "--batch", key = "batch", num = "int+" },
   { "--json", key = "json" }, { "--no-kv-quant", key = "no_kv" },
+  { "--allow-long", key = "allow_long" },
 }
 
 return function(args)
@@ -39,8 +44,19 @@ return function(args)
     io.stderr:write(USAGE)
     return 1
   end
+  local cli = require("nibble.cli")
+  o.model = cli.model_dir(o.model)
+  if o.teacher then o.teacher = cli.model_dir(o.teacher) end
+  local ctx = o.ctx or 512
+  local maxpos = cli.max_position(o.model)
+  if maxpos and ctx > maxpos and not o.allow_long then
+    return err(("--ctx %d is more than the model's max_position_embeddings %d (--allow-long runs it anyway)")
+      :format(ctx, maxpos))
+  end
   local ok, m = pcall(nibble.model.load, o.model)
   if not ok then return err(clean(m)) end
+  local bad = cli.file_problem(o.data)   -- after the model, whose errors come first
+  if bad then return err(bad) end
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
   local okq, aq, naq, nkv = pcall(nibble.qmodel.activations, m, nil, { kv = not o.no_kv })
   if not okq then return err(clean(aq)) end
@@ -58,7 +74,7 @@ return function(args)
     teacher = t
   end
   local t0 = os.clock()
-  local okr, r = pcall(m.eval, m, { data = o.data, ctx = o.ctx or 512, chunks = o.chunks, batch = o.batch,
+  local okr, r = pcall(m.eval, m, { data = o.data, ctx = ctx, chunks = o.chunks, batch = o.batch,
                                     teacher = teacher })
   if not okr then return err(clean(r)) end
   if o.json then
@@ -66,7 +82,8 @@ return function(args)
       :format(num(r.ppl), num(r.nll), r.tokens, num(r.kld), num(r.top1), num(r.ppl_err), r.chunks))
   else
     io.stdout:write(("model:   %s\n"):format(tostring(m)))
-    io.stdout:write(("data:    %s (%d chunks of %d tokens, %d scored)\n"):format(o.data, r.chunks, o.ctx or 512, r.tokens))
+    io.stdout:write(("data:    %s (%d chunk%s of %d tokens, %d scored)\n"):format(o.data, r.chunks,
+      r.chunks == 1 and "" or "s", ctx, r.tokens))
     io.stdout:write(("PPL = %.4f +/- %.5f   (mean NLL %.6f)\n"):format(r.ppl, r.ppl_err, r.nll))
     if teacher then
       io.stdout:write(("KLD(teacher || model) = %.6f   top-1 agreement = %.3f%%\n"):format(r.kld, r.top1))

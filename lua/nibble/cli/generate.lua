@@ -2,10 +2,16 @@
 -- Usage: nibble generate --model PATH [--prompt TEXT] [-n N] [--greedy] [--temp T] [--top-k K] [--top-p P] [--seed S] [--no-stop] [--ids] [--no-kv-quant]
 -- Without --prompt generation starts from BOS. Sampling (--temp > 0) is the default unless --greedy;
 -- --temp 0 is greedy too. Generation stops at the model's EOS unless --no-stop. --ids prints the
--- generated token ids instead of the text.
+-- generated token ids instead of the text. --top-k 0 and --top-p 1 turn those filters off. The prompt's
+-- tokens plus -n must fit the model's max_position_embeddings unless --allow-long.
 local nibble = require("nibble")
 
-local USAGE = "usage: nibble generate --model PATH [--prompt TEXT] [-n N] [--greedy] [--temp T] [--top-k K] [--top-p P] [--seed S] [--no-stop] [--ids] [--no-kv-quant]\n"
+local USAGE = "usage: nibble generate --model PATH [--prompt TEXT] [-n N] [--greedy] [--temp T] [--top-k K] [--top-p P] [--seed S] [--no-stop] [--ids] [--no-kv-quant] [--allow-long]\n"
+  .. "  -n N           tokens to generate (default 128); the prompt's tokens + N must fit max_position_embeddings\n"
+  .. "  --temp T       sampling temperature (default 0.8); 0 is greedy\n"
+  .. "  --top-k K      sample among the K most likely tokens (default 40); 0 = no top-k limit\n"
+  .. "  --top-p P      nucleus sampling, P in (0, 1] (default 0.95); 1 = no top-p limit\n"
+  .. "  --allow-long   allow prompt + N beyond the model's max_position_embeddings\n"
 
 local function err(msg)
   io.stderr:write("nibble generate: ", msg, "\n")
@@ -17,9 +23,9 @@ local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
 local SPEC = {
   { "--model", "-m", key = "model", arg = "PATH" }, { "--prompt", "-p", key = "prompt", arg = "TEXT" },
   { "-n", "--n-predict", key = "n", num = "int0" }, { "--temp", key = "temperature", num = "num0" },
-  { "--top-k", key = "top_k", num = "int0" }, { "--top-p", key = "top_p", num = "num0" },
+  { "--top-k", key = "top_k", num = "int0" }, { "--top-p", key = "top_p", num = "prob" },
   { "--seed", key = "seed", num = "int0" }, { "--greedy", key = "greedy" }, { "--no-stop", key = "stop", set = false },
-  { "--ids", key = "ids" }, { "--no-kv-quant", key = "no_kv" },
+  { "--ids", key = "ids" }, { "--no-kv-quant", key = "no_kv" }, { "--allow-long", key = "allow_long" },
 }
 
 return function(args)
@@ -31,9 +37,23 @@ return function(args)
   end
   local o = { n = a.n or 128, temperature = a.temperature or 0.8, top_k = a.top_k or 40, top_p = a.top_p or 0.95,
               seed = a.seed or 0, prompt = a.prompt }
-  local model, greedy, ids, stop = a.model, a.greedy, a.ids, a.stop ~= false
+  local cli = require("nibble.cli")
+  local model, greedy, ids, stop = cli.model_dir(a.model), a.greedy, a.ids, a.stop ~= false
   local ok, m = pcall(nibble.model.load, model)
   if not ok then return err(clean(m)) end
+  local maxpos = cli.max_position(model)
+  if maxpos and not a.allow_long then
+    local np = 1   -- BOS alone without a prompt (or with one that encodes to nothing), as m:generate starts
+    if o.prompt then
+      local okt, pids = pcall(function() return m:tokenizer():encode(o.prompt) end)
+      if not okt then return err(clean(pids)) end
+      np = math.max(#pids, 1)
+    end
+    if np + o.n > maxpos then
+      return err(("the prompt's %d token%s + -n %d = %d is more than the model's max_position_embeddings %d "
+                  .. "(--allow-long runs it anyway)"):format(np, np == 1 and "" or "s", o.n, np + o.n, maxpos))
+    end
+  end
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
   -- and an FP8 KV cache (k_scale / v_scale) stores keys and values as vLLM's would, unless --no-kv-quant
   local okq, aq, naq, nkv = pcall(nibble.qmodel.activations, m, nil, { kv = not a.no_kv })

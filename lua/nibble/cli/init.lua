@@ -161,17 +161,21 @@ end
 -- parse(cmd, usage, argv, spec): the option parser every sub-command uses, so they all accept
 -- `--opt VALUE` and `--opt=VALUE` and say the same things about bad input. spec is a list of
 --   { "--long", "-s", key = "name", arg = "PATH" }          an option with a value (named in errors)
---   { "--long", key = "name", num = "int+" | "int0" | "num0" } a number: positive integer,
---                                                            non-negative integer, non-negative number
+--   { "--long", key = "name", num = "int+" | "int0" | "num0" | "prob" } a number: positive integer,
+--                                          non-negative integer, non-negative number, in (0, 1]
 --   { "--flag", key = "name", set = value }                  a flag (set defaults to true)
 --   { "--long", key = "name", list = "NAMES" }               a comma-separated list
 -- and spec.positional = "WHAT" accepts other non-option words into the result's array part.
+-- A value given as the next word must not start with "--" (`--out --quiet` forgot the value: it is an
+-- error, not a folder named --quiet); `--opt=--x` passes such a value, and a negative number like
+-- `--ctx -1` (one dash) still reaches its number rule.
 -- Returns the options table, or nil and the exit code after writing the usage or the error
 -- (`nibble CMD: MESSAGE`) itself: `local o, code = cli.parse(...); if not o then return code end`.
 local NUM = {
   ["int+"] = { "a positive integer", function(v) return v % 1 == 0 and v >= 1 end },
   ["int0"] = { "a non-negative integer", function(v) return v % 1 == 0 and v >= 0 end },
   ["num0"] = { "a non-negative number", function(v) return v >= 0 end },
+  ["prob"] = { "a number in (0, 1]", function(v) return v > 0 and v <= 1 end },
 }
 
 function M.parse(cmd, usage, argv, spec)
@@ -194,7 +198,10 @@ function M.parse(cmd, usage, argv, spec)
       return nil, 0
     elseif opt and (opt.arg or opt.num or opt.list) then
       local v = inline
-      if v == nil then i = i + 1; v = argv[i] end
+      if v == nil then
+        i = i + 1; v = argv[i]
+        if v and v:sub(1, 2) == "--" then return fail(("%s needs a value, got the option %s"):format(name, v)) end
+      end
       if opt.num then
         local n, rule = tonumber(v or ""), NUM[opt.num]
         if not n or n ~= n or n == math.huge or not rule[2](n) then
@@ -220,6 +227,46 @@ function M.parse(cmd, usage, argv, spec)
     i = i + 1
   end
   return o
+end
+
+-- ---- paths that sub-commands read -----------------------------------------------------------------
+
+-- file_problem(path): nil when path is a file that can be read, else what is wrong with it, naming it
+-- once ("cannot open X: No such file or directory", "X is a folder, not a file").
+function M.file_problem(path)
+  local f, e = io.open(path, "rb")
+  if not f then
+    e = tostring(e)
+    if e:sub(1, #path + 2) == path .. ": " then e = e:sub(#path + 3) end
+    return ("cannot open %s: %s"):format(path, e)
+  end
+  local s, rerr = f:read(1)
+  f:close()
+  if s == nil and rerr then
+    if tostring(rerr):find("Is a directory", 1, true) then return ("%s is a folder, not a file"):format(path) end
+    return ("cannot read %s: %s"):format(path, tostring(rerr))
+  end
+  return nil
+end
+
+-- model_dir(path): the model folder of a path given as --model: X/foo.safetensors beside X/config.json
+-- is the model in X (as quantize reads it); any other path is returned as it is.
+function M.model_dir(path)
+  if type(path) == "string" and path:match("%.safetensors$") then
+    local dir = path:match("^(.*)/[^/]*$") or "."
+    local f = io.open(dir .. "/config.json", "rb")
+    if f then f:close(); return dir end
+  end
+  return path
+end
+
+-- max_position(path): the model's max_position_embeddings from its config (nibble.model.read_config, as
+-- the QAD preflight reads it), or nil when the config does not say or cannot be read (loading the
+-- model then reports that).
+function M.max_position(path)
+  local ok, cfg = pcall(require("nibble.model").read_config, path)
+  local n = ok and tonumber(cfg.max_position) or nil
+  return n and n > 0 and n or nil
 end
 
 return M

@@ -5,6 +5,9 @@
 local nibble = require("nibble")
 
 local USAGE = "usage: nibble inspect PATH [--json] [--all]\n"
+  .. "  PATH     a .safetensors file, a model folder (single or sharded), a model.safetensors.index.json or a .gguf\n"
+  .. "  --json   print everything as one JSON object\n"
+  .. "  --all    print every element of long metadata arrays and whole long strings (else the first 8 / 120 chars)\n"
 
 local function group(n)
   local s = string.format("%d", n)
@@ -80,7 +83,19 @@ return function(args)
     io.stderr:write(USAGE)
     return 1
   end
+  -- a file that is neither safetensors (8-byte header length, then '{') nor GGUF (magic "GGUF") nor an
+  -- index: say so, rather than what its first bytes mean when read as a header length
+  local f = io.open(path, "rb")
+  local head = f and f:read(9)
+  if f then f:close() end
+  if head and not path:match("%.json$") and head:sub(1, 4) ~= "GGUF" and head:sub(9, 9) ~= "{" then
+    io.stderr:write("nibble inspect: ", path, " is not a safetensors or GGUF file\n")
+    return 1
+  end
   local ok, info = pcall(nibble.inspect, path)
+  if not ok and path:match("%.json$") and tostring(info):find("weight_map", 1, true) then
+    info = path .. " is not a safetensors index (no \"weight_map\"); give the model folder, a .safetensors or a .gguf file"
+  end
   if not ok then
     -- the library's message names the problem; the Lua position adds nothing for a CLI user
     io.stderr:write("nibble inspect: ", (tostring(info):gsub("^[^\n]-:%d+: ", "")), "\n")

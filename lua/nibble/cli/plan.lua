@@ -29,6 +29,17 @@ return function(args)
     io.stderr:write(USAGE)
     return 1
   end
+  local bad = require("nibble.cli").file_problem(file)
+  if bad then
+    io.stderr:write("nibble plan: ", bad, "\n")
+    return 1
+  end
+  -- a file that is not Lua: name it (the parser's message alone, without its position, does not)
+  local chunk, perr = loadfile(file)
+  if not chunk then
+    io.stderr:write("nibble plan: ", file, " is not a Lua recipe: ", tostring(perr), "\n")
+    return 1
+  end
   local recipe = require("nibble.recipe")
   local ptq = require("nibble.ptq")
   local ok, res = pcall(function()

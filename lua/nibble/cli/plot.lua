@@ -21,8 +21,10 @@ end
 
 -- read(path): { [key] = { {step, value}, ... } } in file order, and the number of records.
 local function read(path)
+  local bad = require("nibble.cli").file_problem(path)
+  if bad then return nil, bad end
   local f, e = io.open(path, "rb")
-  if not f then return nil, ("cannot read %s: %s"):format(path, tostring(e)) end
+  if not f then return nil, tostring(e) end
   local series, n = {}, 0
   for line in f:lines() do
     local ok, obj = pcall(nibble.json.decode, line)
@@ -208,7 +210,11 @@ return function(args)
   end
   out[#out + 1] = "</svg>"
   local f, e = io.open(out_path, "wb")
-  if not f then return err(("cannot write %s: %s"):format(out_path, tostring(e))) end
+  if not f then
+    e = tostring(e)
+    if e:sub(1, #out_path + 2) == out_path .. ": " then e = e:sub(#out_path + 3) end   -- the path once
+    return err(("cannot write %s: %s"):format(out_path, e))
+  end
   f:write(table.concat(out, "\n"), "\n")
   f:close()
   io.stdout:write(("wrote %s (%d panels, %d file%s)\n"):format(out_path, #keys, #data, #data > 1 and "s" or ""))

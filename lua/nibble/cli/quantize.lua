@@ -14,6 +14,7 @@ usage: nibble quantize --model PATH --format F [--algorithm max|mse|four_over_si
          [--samples N] [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
          [--kv-cache fp8] [--allow-uncalibrated] [--quiet] --out DIR
 formats: nvfp4_w4a16, nvfp4, nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4, mxfp8, fp8, fp8_per_channel
+  --samples N   calibration rows (default 512; fewer when --calib has fewer); N >= 1
 ]]
 
 local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
@@ -26,7 +27,7 @@ end
 local SPEC = {
   { "--model", "-m", key = "model", arg = "PATH" }, { "--format", "-f", key = "format", arg = "FORMAT" },
   { "--algorithm", key = "algorithm", arg = "NAME" }, { "--calib", key = "calib", arg = "FILE" },
-  { "--samples", key = "samples", num = "int0" }, { "--seq-len", key = "seq_len", num = "int0" },
+  { "--samples", key = "samples", num = "int+" }, { "--seq-len", key = "seq_len", num = "int0" },
   { "--batch", key = "batch", num = "int0" }, { "--seed", key = "seed", num = "int0" },
   { "--layout", key = "layout", arg = "LAYOUT" }, { "--out", "-o", key = "out", arg = "DIR" },
   { "--kv-cache", key = "kv_cache", arg = "FORMAT" }, { "--allow-uncalibrated", key = "allow_uncalibrated" },

@@ -4,9 +4,13 @@
 -- the text is read from stdin. Prints the ids on one line; --count prints only their number;
 -- --tokens prints one "id<TAB>spelling" line per token. --no-bos leaves out BOS/EOS (added as the
 -- model's config says otherwise); --special turns text like <|im_end|> into that control token.
+-- A --file with a NUL byte is refused (not text); a model's .safetensors file stands for its folder.
 local nibble = require("nibble")
 
 local USAGE = "usage: nibble tokenize --model PATH [--text T | --file F] [--count] [--tokens] [--no-bos] [--special]\n"
+  .. "  PATH is a model folder, a tokenizer.json, a .gguf or a tokenizer.model\n"
+  .. "  without --text or --file the text is read from stdin\n"
+  .. "  --count: print only the number of tokens; --tokens: one \"id<TAB>spelling\" line per token\n"
 
 local function err(msg)
   io.stderr:write("nibble tokenize: ", msg, "\n")
@@ -31,11 +35,18 @@ return function(args)
     return 1
   end
   if text and file then return err("give --text or --file, not both") end
+  local cli = require("nibble.cli")
+  model = cli.model_dir(model)
   if file then
+    local bad = cli.file_problem(file)
+    if bad then return err(bad) end
     local f, e = io.open(file, "rb")
-    if not f then return err("cannot open " .. file .. ": " .. tostring(e)) end
+    if not f then return err(tostring(e)) end
     text = f:read("*a")
     f:close()
+    if not text then return err("cannot read " .. file) end
+    local nul = text:find("\0", 1, true)
+    if nul then return err(("%s is not a text file (a NUL byte at offset %d)"):format(file, nul - 1)) end
   elseif not text then
     text = io.stdin:read("*a") or ""
   end
