@@ -212,6 +212,10 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
       "nibble tokenize: --text needs a value, got the option --count\n")
     refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--out", tmp .. "/q", "--samples", "0" },
       "nibble quantize: --samples needs a positive integer, got 0\n")
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--out", tmp .. "/q", "--seq-len", "0" },
+      "nibble quantize: --seq-len needs a positive integer, got 0\n")
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--out", tmp .. "/q", "--batch", "0" },
+      "nibble quantize: --batch needs a positive integer, got 0\n")
     refused({ "generate", "--model", "/nonexistent", "--top-p", "2" }, "nibble generate: --top-p needs a number in (0, 1], got 2\n")
     refused({ "generate", "--model", "/nonexistent", "--top-p", "0" }, "nibble generate: --top-p needs a number in (0, 1], got 0\n")
   end)

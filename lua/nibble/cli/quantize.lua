@@ -27,8 +27,8 @@ end
 local SPEC = {
   { "--model", "-m", key = "model", arg = "PATH" }, { "--format", "-f", key = "format", arg = "FORMAT" },
   { "--algorithm", key = "algorithm", arg = "NAME" }, { "--calib", key = "calib", arg = "FILE" },
-  { "--samples", key = "samples", num = "int+" }, { "--seq-len", key = "seq_len", num = "int0" },
-  { "--batch", key = "batch", num = "int0" }, { "--seed", key = "seed", num = "int0" },
+  { "--samples", key = "samples", num = "int+" }, { "--seq-len", key = "seq_len", num = "int+" },
+  { "--batch", key = "batch", num = "int+" }, { "--seed", key = "seed", num = "int0" },
   { "--layout", key = "layout", arg = "LAYOUT" }, { "--out", "-o", key = "out", arg = "DIR" },
   { "--kv-cache", key = "kv_cache", arg = "FORMAT" }, { "--allow-uncalibrated", key = "allow_uncalibrated" },
   { "--quiet", "-q", key = "quiet" },
