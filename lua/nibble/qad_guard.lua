@@ -159,13 +159,21 @@ function G.hash(s) return hex(fnv(14695981039346656037ULL, s)) end
 
 -- ---- checks before any compute ---------------------------------------------------------------------------
 
--- "file", "dir" or nil, error (missing or unreadable).
+-- check_context(cfg, n, what, allow_long): refuse n tokens (a seq_len, an eval ctx) beyond the model's
+-- max_position_embeddings (cfg from nibble.model.read_config), unless allow_long.
+function G.check_context(cfg, n, what, allow_long)
+  local maxpos = tonumber(cfg.max_position) or 0
+  if n and maxpos > 0 and n > maxpos and not allow_long then
+    error(("%s %d is more than the model's max_position_embeddings %d (allow_long=true runs it anyway)")
+      :format(what, n, maxpos), 0)
+  end
+end
+
+-- "file", "dir" or nil, error (missing or unreadable): the sub-commands' test (nibble.cli.path_kind).
 local function kind_of(p)
-  local f, e = io.open(p, "rb")
-  if not f then return nil, e end
-  local _, _, code = f:read(0)
-  f:close()
-  return code == 21 and "dir" or "file"   -- EISDIR: reading a directory
+  local k, e = require("nibble.cli").path_kind(p)
+  if k == nil then return nil, e end
+  return k
 end
 
 local function parent_of(p)
@@ -475,13 +483,7 @@ local function preflight(r, opts)
     error(("recipe: the teacher %s (vocabulary %d, width %d) does not match the model %s (vocabulary %d, width %d)")
       :format(tostring(tpath), tcfg.vocab_size, tcfg.hidden_size, tostring(mpath), mcfg.vocab_size, mcfg.hidden_size), 0)
   end
-  local maxpos = tonumber(mcfg.max_position) or 0
-  local function within(n, what)
-    if n and maxpos > 0 and n > maxpos and not allow_long then
-      error(("%s %d is more than the model's max_position_embeddings %d (allow_long=true runs it anyway)")
-        :format(what, n, maxpos), 0)
-    end
-  end
+  local function within(n, what) G.check_context(mcfg, n, what, allow_long) end
   within(tonumber(d.seq_len) or loader_defaults.seq_len, "distill: seq_len")
   if eval_data then within(tonumber(ev.ctx) or 512, "eval: ctx") end
   if cfg.loss.top_k > mcfg.vocab_size then

@@ -231,21 +231,28 @@ end
 
 -- ---- paths that sub-commands read -----------------------------------------------------------------
 
+-- path_kind(path): "file" or "dir" (a directory fails a read with EISDIR), and the read error a file gave,
+-- if any; nil and io.open's error when path cannot be opened. The QAD checks (nibble.qad_guard) use it too.
+function M.path_kind(path)
+  local f, e = io.open(path, "rb")
+  if not f then return nil, e end
+  local _, rerr, code = f:read(0)
+  f:close()
+  if code == 21 then return "dir" end
+  return "file", rerr
+end
+
 -- file_problem(path): nil when path is a file that can be read, else what is wrong with it, naming it
 -- once ("cannot open X: No such file or directory", "X is a folder, not a file").
 function M.file_problem(path)
-  local f, e = io.open(path, "rb")
-  if not f then
+  local kind, e = M.path_kind(path)
+  if not kind then
     e = tostring(e)
     if e:sub(1, #path + 2) == path .. ": " then e = e:sub(#path + 3) end
     return ("cannot open %s: %s"):format(path, e)
   end
-  local s, rerr = f:read(1)
-  f:close()
-  if s == nil and rerr then
-    if tostring(rerr):find("Is a directory", 1, true) then return ("%s is a folder, not a file"):format(path) end
-    return ("cannot read %s: %s"):format(path, tostring(rerr))
-  end
+  if kind == "dir" then return ("%s is a folder, not a file"):format(path) end
+  if e then return ("cannot read %s: %s"):format(path, tostring(e)) end
   return nil
 end
 
