@@ -237,7 +237,8 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
       "nibble tokenize: cannot open /nonexist.txt: No such file or directory\n")
     local bin = tmp .. "/bin.dat"
     nbspec.write(bin, "abc\0def")
-    refused({ "tokenize", "--model", H, "--file", bin }, "nibble tokenize: " .. bin .. " is not a text file (a NUL byte at offset 3)\n")
+    refused({ "tokenize", "--model", H, "--file", bin }, "nibble tokenize: NB_ERR_FORMAT: " .. bin
+      .. " is not a text file (a NUL byte at offset 3): give a text or JSONL file\n")
     refused({ "eval", "--model", H, "--data", tmp }, "nibble eval: " .. tmp .. " is a folder, not a file\n")
     refused({ "eval", "--model", H, "--data", "/nonexist.txt" },
       "nibble eval: cannot open /nonexist.txt: No such file or directory\n")

@@ -40,13 +40,9 @@ return function(args)
   if file then
     local bad = cli.file_problem(file)
     if bad then return err(bad) end
-    local f, e = io.open(file, "rb")
-    if not f then return err(tostring(e)) end
-    text = f:read("*a")
-    f:close()
-    if not text then return err("cannot read " .. file) end
-    local nul = text:find("\0", 1, true)
-    if nul then return err(("%s is not a text file (a NUL byte at offset %d)"):format(file, nul - 1)) end
+    local ok, t = pcall(nibble.data.read_text, file, "tokenize")   -- refuses a binary file, as eval's data
+    if not ok then return err(clean(t)) end
+    text = t
   elseif not text then
     text = io.stdin:read("*a") or ""
   end
