@@ -102,11 +102,7 @@ return cli.program(function()
 
   -- [0b] what needs the model's config (no weights): its context, the plan, where the run writes
   local mcfg = cli.user_call(nibble.model.read_config, path)
-  local maxpos = tonumber(mcfg.max_position) or 0
-  if maxpos > 0 and seq_len > maxpos and not allow_long then
-    error(("quickstart: seq_len %d is more than the model's max_position_embeddings %d (allow_long=true runs it anyway)")
-      :format(seq_len, maxpos), 0)
-  end
+  qad.check_context(mcfg, seq_len, "quickstart: seq_len", allow_long)
   local cache = a.str("cache") or os.getenv("NIBBLE_MODELS") or ((os.getenv("HOME") or "/root") .. "/.cache/nibble")
   -- the sampled text belongs to this model (its weights, config and tokenizer, whatever the folder is
   -- called), these prompts and these sampling settings

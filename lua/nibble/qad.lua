@@ -23,8 +23,8 @@ local Q = {}
 -- What a run checks and records around this engine (preflight, identities, the settings a resume must
 -- match, its checkpoints and metrics) is nibble.qad_guard; its public names stay reachable from here.
 for _, k in ipairs { "preflight", "check_out", "resume_settings", "check_checkpoints", "start_checkpoints",
-                     "cut_metrics", "step0_eval", "model_identity", "file_identity", "hash", "loss_text",
-                     "gnum" } do
+                     "cut_metrics", "step0_eval", "check_context", "model_identity", "file_identity", "hash",
+                     "loss_text", "gnum" } do
   Q[k] = G[k]
 end
 
