@@ -35,6 +35,7 @@ import torch  # noqa: E402
 import modelopt  # noqa: E402
 import modelopt.torch.quantization as mtq  # noqa: E402
 from modelopt.torch.export.unified_export_hf import _export_quantized_weight  # noqa: E402
+from gen_quant_golden import linear_for, weight_cfg  # noqa: E402  (the same configs and modules as the main golden set)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "data", "quant_zero_golden.json")
@@ -51,31 +52,12 @@ def f32(t):
     return b64(t.detach().to(torch.float32).reshape(-1))
 
 
-def weight_cfg(base, **updates):
-    cfg = copy.deepcopy(base)
-    for e in cfg["quant_cfg"]:
-        if e.get("quantizer_name") == "*weight_quantizer":
-            for k, v in updates.items():
-                if k == "block_type":
-                    e["cfg"]["block_sizes"]["type"] = v
-                else:
-                    e["cfg"][k] = v
-    return cfg
-
-
 CONFIGS = {
     "fp8": mtq.FP8_DEFAULT_CFG,
     "fp8_channel": weight_cfg(mtq.FP8_DEFAULT_CFG, axis=0),
     "nvfp4": mtq.NVFP4_DEFAULT_CFG,
     "nvfp4_static": weight_cfg(mtq.NVFP4_DEFAULT_CFG, block_type="static"),
 }
-
-
-def linear_for(w):
-    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-    with torch.no_grad():
-        lin.weight = torch.nn.Parameter(w.clone())
-    return lin
 
 
 def sanitize(q):
