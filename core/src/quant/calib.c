@@ -476,7 +476,7 @@ static nb_status store_mse(nb_ctx *ctx, nb_calib *c) {
         for (int64_t e = 0; e < count; e++)
             if (c->vals[e] > own) own = c->vals[e];
         if ((s = nbq_group_amax_with(ctx, q, own, "calibrator", &p.global_amax))) { free(best); return s; }
-        if (p.global_amax == 0.0f) p.global_amax = nbq_maxbound(qc.format);   /* as quantize will (all-zero) */
+        p.global_amax = nbq_sanitized_amax(qc.format, p.global_amax);   /* as quantize will (all-zero) */
     }
     /* ModelOpt's metric exists on CPU for FP8 (fp8_eager) and static NVFP4 (the blockwise kernel) */
     int mo = 0;

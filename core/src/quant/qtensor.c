@@ -231,7 +231,7 @@ static nb_status resolve_tensor_amax(nb_ctx *ctx, float *a, nb_qformat f, const 
         char num[32];
         return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s is %s", what, attr, nbq_num(*a, num, sizeof num));
     }
-    if (*a == 0.0f) *a = nbq_maxbound(f);
+    *a = nbq_sanitized_amax(f, *a);
     return NB_OK;
 }
 
@@ -308,7 +308,7 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
             nbq_fast_row_absmax_mt(ctx, nb_tensor_data(x), x->dtype, plan->rows, plan->n, plan->row_amax);   /* threaded */
         }
         for (int64_t r = 0; r < plan->rows; r++) {
-            if (plan->row_amax[r] == 0.0f) plan->row_amax[r] = 448.0f;   /* a dead row: scale 1, codes 0 (ModelOpt) */
+            plan->row_amax[r] = nbq_sanitized_amax(NB_FMT_FP8_CHANNEL, plan->row_amax[r]);   /* a dead row: scale 1 */
             plan->row_scale[r] = plan->row_amax[r] / 448.0f;
         }
         return NB_OK;
@@ -549,7 +549,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
             uint32_t nb = 0;
             int nonfinite = mb >= 0x7F80u;
             float m = nb_bf16_to_f32((uint16_t)mb);
-            if (m == 0.0f) m = 448.0f;   /* a dead row: scale 1, codes 0 (ModelOpt's sanitized amax) */
+            m = nbq_sanitized_amax(NB_FMT_FP8_CHANNEL, m);   /* a dead row: scale 1, codes 0 */
             if (!nonfinite) pl->row_amax[r] = m;
             if (nonfinite) {   /* reported after the pass */
                 __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
@@ -593,7 +593,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
                 continue;
             }
             if (j->row_scale_out) {
-                if (m == 0.0f) m = 448.0f;   /* a dead row: scale 1, codes 0 (ModelOpt's sanitized amax) */
+                m = nbq_sanitized_amax(NB_FMT_FP8_CHANNEL, m);   /* a dead row: scale 1, codes 0 */
                 pl->row_amax[r] = m;
                 pl->row_scale[r] = j->row_scale_out[r] = m / 448.0f;
             }

@@ -17,6 +17,9 @@ static inline int nbq_is_nvfp4(nb_qformat f) { return f == NB_FMT_NVFP4 || f == 
 /* The maxbound a zero per-tensor / per-row amax becomes (ModelOpt's _sanitize_export_amax): 6 for the
  * NVFP4 family (E2M1 with E4M3 block scales), 448 for FP8 E4M3. */
 static inline float nbq_maxbound(nb_qformat f) { return nbq_is_nvfp4(f) ? 6.0f : 448.0f; }
+/* ModelOpt's _sanitize_export_amax: an amax of 0 (an all-zero tensor, a dead row) is the maxbound, so
+ * the scale stays positive and the codes are 0 (quant.h). */
+static inline float nbq_sanitized_amax(nb_qformat f, float a) { return a == 0.0f ? nbq_maxbound(f) : a; }
 
 /* A float for messages: "NaN", "+Inf", "-Inf" or %g (printf's "-nan" says nothing useful). */
 const char *nbq_num(float v, char *buf, size_t n);

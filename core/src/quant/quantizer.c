@@ -261,7 +261,7 @@ nb_status nb_quantizer_scale(nb_ctx *ctx, const nb_quantizer *q, float *out) {
     float a;
     nb_status s = nb_quantizer_global_amax(ctx, q, &a);
     if (s) return s;
-    if (a == 0.0f) a = nbq_maxbound(q->cfg.format);   /* as quantize does: a positive scale (ModelOpt's sanitize) */
+    a = nbq_sanitized_amax(q->cfg.format, a);   /* as quantize does: a positive scale (ModelOpt's sanitize) */
     if (nbq_is_nvfp4(q->cfg.format)) *out = nb_nvfp4_scale2(a, nb_qformat_info(q->cfg.format)->scale_norm);
     else *out = a / 448.0f;
     return NB_OK;
