@@ -170,11 +170,7 @@ function G.check_context(cfg, n, what, allow_long)
 end
 
 -- "file", "dir" or nil, error (missing or unreadable): the sub-commands' test (nibble.cli.path_kind).
-local function kind_of(p)
-  local k, e = require("nibble.cli").path_kind(p)
-  if k == nil then return nil, e end
-  return k
-end
+local function kind_of(p) return require("nibble.cli").path_kind(p) end
 
 local function parent_of(p)
   p = p:gsub("/+$", "")
