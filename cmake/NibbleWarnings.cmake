@@ -11,6 +11,13 @@ if(NIBBLE_SANITIZE)
   add_compile_options($<$<COMPILE_LANGUAGE:C>:-fsanitize=address,undefined> $<$<COMPILE_LANGUAGE:C>:-fno-omit-frame-pointer>
                       $<$<COMPILE_LANGUAGE:C>:-fno-sanitize-recover=undefined>)
   add_link_options(-fsanitize=address,undefined)
+  # ASan does not see reads of uninitialized stack; filling it with a pattern makes such a read
+  # fail the same way on every machine (an unterminated path, a huge count) instead of by luck
+  include(CheckCCompilerFlag)
+  check_c_compiler_flag(-ftrivial-auto-var-init=pattern NIBBLE_HAVE_AUTO_VAR_INIT)
+  if(NIBBLE_HAVE_AUTO_VAR_INIT)
+    add_compile_options($<$<COMPILE_LANGUAGE:C>:-ftrivial-auto-var-init=pattern>)
+  endif()
 endif()
 if(NIBBLE_NATIVE)
   add_compile_options($<$<COMPILE_LANGUAGE:C>:-march=native>)

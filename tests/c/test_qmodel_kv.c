@@ -365,6 +365,7 @@ int main(void) {
 
     /* 5. save / restore: the KV state comes back and the export is the same, byte for byte */
     snprintf(ck, sizeof ck, "%s/ckpt.safetensors", tmpdir);
+    snprintf(out2, sizeof out2, "%s/mo2", tmpdir);
     nb_quantizer_set_enabled(nb_qmodel_kv_quantizer(qm, 2, 1), 0);
     CHECK_FAIL(ctx, nb_qmodel_export(ctx, qm, out2, NULL), NB_ERR_INVALID,
                "model.layers.2.self_attn: v_bmm_quantizer is disabled while other layers quantize the KV cache");
@@ -375,7 +376,7 @@ int main(void) {
     CHECK_OK(ctx, nb_qmodel_restore(ctx, qr, ck));
     CHECK_EQ_INT(nb_qmodel_kv_format(qr), NB_FMT_FP8_TENSOR);
     for (int l = 0; l < LAYERS; l++) CHECK_EQ_INT(kv_amax(ctx, qr, l, 1) == vmax[l], 1);
-    snprintf(out2, sizeof out2, "%s/mo2", tmpdir);
+    CHECK_EQ_INT(access(out2, F_OK) != 0, 1); /* the refused export left nothing behind */
     CHECK_OK(ctx, nb_qmodel_export(ctx, qr, out2, NULL));
     static const char *files[] = {"model.safetensors", "hf_quant_config.json", "config.json"};
     for (int k = 0; k < 3; k++) {
