@@ -1,6 +1,6 @@
-/* Helpers both fast quantizer tests use (test_quant_fast.c, test_quant_fast_nvfp4.c): row generators and their
- * bf16 roundings, the BF16 kernels' output checks with guard bytes, the NVFP4 threshold-table comparison, the driver
- * tensor and the path-against-reference check. All static (inline: no unused warning where a test skips one). */
+/* Helpers the fast quantizer tests (test_quant_fast.c, _bf16.c, _nvfp4.c) share: row generators and their bf16
+ * roundings, the BF16 kernels' output checks with guard bytes, the NVFP4 threshold-table comparison, the driver tensor
+ * and the path-against-reference check. All static (inline: no unused warning where a test skips one). */
 #ifndef NIBBLE_TEST_QUANT_FAST_COMMON_H
 #define NIBBLE_TEST_QUANT_FAST_COMMON_H
 

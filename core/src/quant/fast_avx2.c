@@ -461,7 +461,7 @@ NB_AVX2 static inline __m256i mx_bmax8(const uint16_t *xg) {
  * <= 2^-16); for j = 96 it is E - 135 exactly; for j > 96 it is at least E - 135 + 0.0064. ModelOpt's
  * ceil rule is therefore e = E - 135 + (j > 96): code = ((P + 31) >> 7) - 8. The OCP floor rule is
  * floor(log2 amax) - 8: code = (P >> 7) - 8. Both clamp at 0 (zero blocks, amax below ~2^-119, bf16
- * subnormals); P <= 0x7F7F keeps them <= 247. tests/c/test_quant_fast.c checks every P against
+ * subnormals); P <= 0x7F7F keeps them <= 247. tests/c/test_quant_fast_bf16.c checks every P against
  * nb_mxfp8_scale_byte. */
 NB_AVX2 static inline __m256i mx_codes_bf16(__m256i P, int ocp_floor) {
     __m256i e = _mm256_srli_epi32(ocp_floor ? P : _mm256_add_epi32(P, i32(31)), 7);

@@ -1,5 +1,5 @@
 /* AVX-512 quantize kernels that read BF16 rows directly (the dtype real weights come in), used by
- * nb_quantize's fused driver; bit-equal to the scalar references (tests/c/test_quant_fast.c, test_quant_fast_nvfp4.c).
+ * nb_quantize's fused driver; bit-equal to the scalar references (tests/c/test_quant_fast*.c).
  * Speed comes from three exact shortcuts, each with a named fallback to the reference arithmetic:
  *  - E4M3 rounding of values that are bf16 numbers is done on the 16-bit patterns, 32 lanes at a
  *    time (MXFP8 scales by a power of two, so x * 2^k is x's bf16 pattern with its exponent moved).
