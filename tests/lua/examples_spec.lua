@@ -1,7 +1,7 @@
 -- The scripting examples run as a user runs them (`nibble run examples/...`), so they cannot rot unseen.
 -- examples/custom_qad.lua (the issue's step-level API: KL on logits plus a hidden-state MSE written in Lua):
 -- QAD beats PTQ, the printed loss is KL + w * MSE, the Lua gradient lowers the MSE it is the gradient of,
--- the export read back scores what the script scored, and a bad layer is refused in one line.
+-- the export read back scores what the script scored, and a bad layer is refused, naming the range.
 local nibble = require("nibble")
 local nbspec = require("nbspec")
 
@@ -49,7 +49,7 @@ describe("examples/custom_qad.lua", function()
     -- the export read back, scored as the script scores its student (same ids, ctx, chunks, teacher)
     local teacher = nibble.model.load(stories)
     local back = nibble.model.load(tmp .. "/cq")
-    local ids = teacher:tokenizer():encode_tokens(io.open(valid, "rb"):read(400000))
+    local ids = teacher:tokenizer():encode_tokens(nbspec.read(valid):sub(1, 400000))
     local r = back:eval { tokens = ids, ctx = 256, chunks = 20, teacher = teacher }
     assert.are.equal(("%.4f %.5f"):format(q_ppl, q_kld), ("%.4f %.5f"):format(r.ppl, r.kld))
   end)
@@ -69,7 +69,7 @@ describe("examples/custom_qad.lua", function()
     assert.is_true(m1_10 < 0.95 * m0_10, ("mse at step 10: %s (weight 20) vs %s (weight 0)"):format(m1_10, m0_10))
   end)
 
-  it("refuses a layer the model does not have, in one line", function()
+  it("refuses a layer the model does not have, naming the range", function()
     if not nbspec.need(stories, train, valid) then return end
     local _, err, rc = custom_qad { "layer=99" }
     assert.are.equal(1, rc)
