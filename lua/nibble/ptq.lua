@@ -245,7 +245,7 @@ function M.weight_error(qm, model)
 end
 
 -- recipe_of(o): the recipe `nibble quantize` runs: recipes/ptq.lua with o's values as its arguments
--- (model, format, algorithm, calib, samples, seq_len, batch, seed, layout, out, allow_uncalibrated).
+-- (model, format, algorithm, calib, samples, seq_len, batch, seed, layout, out, allow_uncalibrated, allow_long).
 function M.recipe_of(o)
   local path = recipe.find("ptq")
   if not path then error("ptq: recipes/ptq.lua not found on the recipe path (set NIBBLE_RECIPES)", 0) end
@@ -255,6 +255,7 @@ function M.recipe_of(o)
     if o[k] ~= nil then args[k] = tostring(o[k]) end
   end
   if o.allow_uncalibrated then args.allow_uncalibrated = "true" end
+  if o.allow_long then args.allow_long = "true" end
   local r = recipe.load(path, args)
   return r, args
 end
@@ -299,6 +300,21 @@ function M.apply(qm, plan)
   return n
 end
 
+-- check_seq_len(r, plan, cfg): calibration rows of calibration.seq_len tokens beyond the model's
+-- max_position_embeddings (cfg: nibble.model.read_config's) are refused unless calibration.allow_long
+-- (or distill.allow_long, which QAD's calibration follows), as eval and generate refuse such a context;
+-- only when the recipe calibrates on data (activation or KV quantizers), the one use of seq_len.
+local function check_seq_len(r, plan, cfg)
+  local needs_data = M.kv_of(r) ~= nil
+  for _, e in ipairs(plan) do
+    if e.preset and e.preset.input then needs_data = true end
+  end
+  if not needs_data then return end
+  local c, d = r.calibration or {}, r.distill or {}
+  require("nibble.qad_guard").check_context(cfg, tonumber(c.seq_len) or calib_defaults.seq_len, "calibration: seq_len",
+    c.allow_long == true or d.allow_long == true)
+end
+
 -- run(recipe [, args [, opts]]): the whole PTQ. opts: quiet (no stderr output), dry_run (plan only:
 -- without opts.model it reads the model's config and file headers, no weights, and result.model is nil),
 -- model (an already loaded model object to use instead of model.path), no_export (stop after
@@ -328,11 +344,14 @@ function M.run(r, args, opts)
     -- a plan needs the module list only: the config and file headers, no weights (result.model is nil)
     if type(mpath) ~= "string" then fail("ptq: the recipe needs model.path (a Hugging Face directory or a .gguf)") end
     local plan = recipe.resolve(r, require("nibble.model").modules_of(mpath))
-    return { recipe = r, plan = plan, algorithm = check_algorithm(r, plan) }
+    local algorithm = check_algorithm(r, plan)
+    check_seq_len(r, plan, require("nibble.model").read_config(mpath))
+    return { recipe = r, plan = plan, algorithm = algorithm }
   end
   local model = opts.model or M.load_model(mpath)
   local plan = recipe.resolve(r, M.modules(model))
   local algorithm = check_algorithm(r, plan)
+  check_seq_len(r, plan, model.config)
   local result = { recipe = r, plan = plan, model = model, algorithm = algorithm }
   if opts.dry_run then return result end
 
@@ -387,11 +406,13 @@ function M.run(r, args, opts)
       result.weight_error.rel, result.weight_error.modules)
 
   -- the model now computes as it will ship, as ModelOpt's quantize leaves it (simulated quantization on):
-  -- result.qmodel:set_fake(false) gives the original model's outputs back
+  -- result.qmodel:set_fake(false) gives the original model's outputs back (said in lua/README.md, not in
+  -- the log, which `nibble quantize` users read)
   local fake_ok, fake_err = pcall(qm.set_fake, qm, true)
   result.fake = fake_ok
   if fake_ok then
-    log("ptq: the model now runs with fake quant (result.qmodel:set_fake(false) for the original)")
+    log("ptq: the loaded model now computes with the quantized weights%s, as the export will",
+        qm:needs_data() and " and activations" or "")
   else
     log("ptq: fake quant left off: %s", tostring(fake_err))
   end

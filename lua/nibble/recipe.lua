@@ -46,7 +46,8 @@ M.schema = {
 M.sub_schema = {
   model = { path = true, teacher = true },
   calibration = { data = true, samples = true, seq_len = true, batch = true, pack = true,
-                  random_offset = true, seed = true, text_field = true, separator = true },
+                  random_offset = true, seed = true, text_field = true, separator = true,
+                  allow_long = true },   -- seq_len beyond the model's max_position_embeddings
   distill = { loss = true, temperature = true, t2 = true, topk = true, lm_loss = true, kd_loss_scale = true,
               steps = true, lr = true, min_lr = true, warmup = true, batch = true, seq_len = true,
               grad_accum = true, clip = true, weight_decay = true, sft_mask = true, data = true,
@@ -69,6 +70,7 @@ local function keys_of(t)
   table.sort(out)
   return out
 end
+M.keys_of = keys_of   -- a table's keys, sorted (the "known: ..." lists of messages)
 
 -- Levenshtein distance, for did-you-mean suggestions.
 local function distance(a, b)
@@ -86,16 +88,21 @@ local function distance(a, b)
   return prev[lb]
 end
 
-local function did_you_mean(word, candidates)
+-- nearest(word, candidates): the closest candidate within a typo's distance (2 edits, or a third of
+-- the word's length for long words), else nil.
+local function nearest(word, candidates)
   local best, bd = nil, math.huge
   for _, c in ipairs(candidates) do
     local d = distance(word, c)
     if d < bd then best, bd = c, d end
   end
-  if best and bd <= math.max(2, math.floor(#word / 3)) then
-    return string.format(" (did you mean '%s'?)", best)
-  end
-  return ""
+  if best and bd <= math.max(2, math.floor(#word / 3)) then return best end
+  return nil
+end
+
+local function did_you_mean(word, candidates)
+  local best = nearest(word, candidates)
+  return best and string.format(" (did you mean '%s'?)", best) or ""
 end
 M.did_you_mean = did_you_mean
 
@@ -223,6 +230,34 @@ local function is_wildcard(glob)
   return glob:find("[%*%?%[]") ~= nil
 end
 
+-- suggest_glob(glob, names): for a glob that matches none of the module names, the glob with each
+-- literal dotted part that no name has replaced by the nearest part names do have ("*.mpl.*" ->
+-- "*.mlp.*"), when that glob matches a module; else the nearest whole name; else nil.
+local function suggest_glob(glob, names)
+  local parts, have, comps = {}, {}, {}
+  for seg in (glob .. "."):gmatch("([^%.]*)%.") do parts[#parts + 1] = seg end
+  for _, n in ipairs(names) do
+    for c in n:gmatch("[^%.]+") do
+      if not have[c] then have[c] = true; comps[#comps + 1] = c end
+    end
+  end
+  table.sort(comps)
+  local changed = false
+  for i, seg in ipairs(parts) do
+    if seg ~= "" and not is_wildcard(seg) and not have[seg] then
+      local best = nearest(seg, comps)
+      if best then parts[i], changed = best, true end
+    end
+  end
+  if changed then
+    local g = table.concat(parts, ".")
+    for _, n in ipairs(names) do
+      if M.glob_match(g, n) then return g end
+    end
+  end
+  return nearest(glob, names)
+end
+
 ---------------------------------------------------------------------------------------------------
 -- loading and composition
 ---------------------------------------------------------------------------------------------------
@@ -268,6 +303,29 @@ function M.find(name, from_dir)
     if file_exists(p) then return p end
   end
   return nil
+end
+
+-- names([from_dir]): the names `extends` can find ("ptq", "units/nvfp4_w4a16", ...), for suggestions:
+-- the .lua files in the searched folders and their units/ folders (none when no folder can be listed).
+function M.names(from_dir)
+  local list = require("nibble.cli").listdir
+  local dirs, out, seen = {}, {}, {}
+  if from_dir then dirs[#dirs + 1] = from_dir end
+  for _, d in ipairs(M.search_path) do dirs[#dirs + 1] = d end
+  for _, d in ipairs(default_dirs()) do dirs[#dirs + 1] = d end
+  for _, d in ipairs(dirs) do
+    for _, sub in ipairs { "", "units/" } do
+      for _, f in ipairs(list(d .. "/" .. sub) or {}) do
+        local stem = f:match("^(.+)%.lua$")
+        if stem and not seen[sub .. stem] then
+          seen[sub .. stem] = true
+          out[#out + 1] = sub .. stem
+        end
+      end
+    end
+  end
+  table.sort(out)
+  return out
 end
 
 local tagged = setmetatable({}, { __mode = "k" })   -- recipe tables made by nibble.recipe / load
@@ -348,7 +406,9 @@ function M.compose(r, args, seen)
     if type(ext) == "string" then ext = { ext } end
     for _, name in ipairs(ext) do
       local path = M.find(name, from_dir)
-      if not path then error("recipe: extends '" .. name .. "': no such recipe or unit", 0) end
+      if not path then
+        error("recipe: extends '" .. name .. "': no such recipe or unit" .. did_you_mean(name, M.names(from_dir)), 0)
+      end
       if seen[path] then error("recipe: extends cycle through " .. path, 0) end
       seen[path] = true
       local unit = M.load(path, args)
@@ -507,8 +567,9 @@ function M.resolve(r, modules)
       if #all == 0 then
         local names = {}
         for _, m in ipairs(modules) do names[#names + 1] = m.name end
+        local hint = suggest_glob(rule.glob, names)
         error(string.format("recipe: %s '%s' matches no module%s", rule.label, rule.glob,
-          did_you_mean(rule.glob, names)), 0)
+          hint and string.format(" (did you mean '%s'?)", hint) or ""), 0)
       end
     end
   end
