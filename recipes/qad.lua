@@ -12,15 +12,17 @@
 --       [allow_long=true: seq_len beyond the model's max_position_embeddings]
 --       [overwrite=true: start again over out's checkpoints (removes them)]
 -- Unknown keys and impossible settings are errors before any compute; --help prints this.
--- stories260K (issue 6; PTQ KLD 0.0941 / PPL 4.2412 -> QAD 0.0246 / 3.9911, teacher PPL 3.8666; plain-text
--- documents are marked as the tokenizer marks them, BOS only here: see qad.loader and bench/README.md):
+-- Example on stories260K (from the test data, ../shared/data): QAD brings the PTQ model from
+-- KLD 0.0941 / PPL 4.2412 to 0.0246 / 3.9911 (the original model: PPL 3.8666). Plain-text data is split
+-- into documents and marked as the model's tokenizer marks them (here BOS only):
 --   nibble run recipes/qad.lua model=../shared/data/stories260K/hf
 --       data=../shared/data/text/tinystories_train_head_2MiB.txt
 --       eval_data=../shared/data/text/tinystories_valid_head_776KiB.txt steps=200 batch=8 seq_len=512 lr=2e-4
 --       chunks=100 out=/tmp/stories-qad
--- KD defaults follow ModelOpt's QAD (FORMATS.md §8): KL(teacher‖student) on the logits, T = 1, no LM
--- loss; scales calibrated by PTQ stay frozen, so the export ships what was trained. Ctrl-C saves a
--- checkpoint (in out-checkpoints unless checkpoint_dir) and resume=true continues it bit for bit.
+-- The defaults are those of NVIDIA ModelOpt's QAD: the loss is KL(teacher‖student) on the logits at
+-- temperature 1 with no LM loss, and the scales PTQ calibrated stay frozen, so the export ships what was
+-- trained. Ctrl-C saves a checkpoint (in out-checkpoints unless checkpoint_dir) and exits with code 130;
+-- run again with resume=true to continue it bit for bit.
 local nibble = nibble or require("nibble")
 local recipe = nibble.recipe
 

@@ -288,6 +288,16 @@ local function parse_size(v)
 end
 M.parse_size = parse_size
 
+-- The folders exports completed in this process, in order: a Ctrl-C that arrives after one says the
+-- export is complete (nibble.cli.interrupt_message). Appended by a function the host's Ctrl-C hook lets
+-- finish, so a completed export is never missed.
+M.completed_exports = {}
+local export_call = nibble.critical(function(c, p, dir, o)
+  local s = C.nb_qmodel_export(c, p, dir, o)
+  if s == 0 then M.completed_exports[#M.completed_exports + 1] = dir end
+  return s
+end)
+
 -- export(dir, opts): opts layout ("modelopt" | "compressed-tensors"), allow_uncalibrated,
 -- max_shard_size ("10GB"), dtype (of unquantized tensors; default each tensor's source dtype),
 -- source_dir (config/tokenizer files; default the model's directory). Atomic. Returns the list of
@@ -307,7 +317,7 @@ function QModel:export(dir, opts)
   if opts.dtype ~= nil then o.dtype = nibble.dtype(opts.dtype) end
   local keep = opts.source_dir
   if keep ~= nil then o.source_dir = keep end
-  check(C.nb_qmodel_export(ctx(), qp(self), dir, o))
+  check(export_call(ctx(), qp(self), dir, o))
   keep = nil
   local p, skipped = qp(self), {}
   for i = 0, tonumber(C.nb_qmodel_export_skipped_count(p)) - 1 do

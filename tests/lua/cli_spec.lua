@@ -53,17 +53,49 @@ describe("nibble.cli.parse", function()
     end
   end)
 
-  it("refuses unknown options, values on flags and (without positional) stray words, with the usage", function()
-    for _, argv in ipairs { { "--frob" }, { "--ids=1" }, { "-x", "1" } } do
+  it("refuses unknown options and (without positional) stray words, with the usage; values on flags", function()
+    for _, argv in ipairs { { "--frob" }, { "-x", "1" } } do
       local o, code, _, err = run(argv)
       assert.is_nil(o)
       assert.are.equal(1, code)
       assert.are.equal("nibble demo: unknown argument " .. argv[1] .. "\nusage: nibble demo ...\n", err)
     end
+    local o, code, _, err = run({ "--ids=1" })
+    assert.is_nil(o)
+    assert.are.equal(1, code)
+    assert.are.equal("nibble demo: --ids takes no value, got --ids=1\n", err)
     local o, code, _, err = run({ "word" }, { { "--ids", key = "ids" } })
     assert.is_nil(o)
     assert.are.equal(1, code)
     assert.are.equal("nibble demo: unknown argument word\nusage: nibble demo ...\n", err)
+  end)
+
+  it("suggests the nearest option for a misspelt one (a typo's distance: 2 edits)", function()
+    for _, c in ipairs {
+      { "--modle", "--model" }, { "--tmep=2", "--temp" }, { "--kyes", "--keys" }, { "--no-stpo", "--no-stop" },
+    } do
+      local o, code, _, err = run({ c[1] })
+      assert.is_nil(o)
+      assert.are.equal(1, code)
+      assert.are.equal(("nibble demo: unknown argument %s (did you mean '%s'?)\nusage: nibble demo ...\n")
+        :format(c[1], c[2]), err)
+    end
+  end)
+
+  it("says which required options (and positional words) are missing; with no argument at all, the usage", function()
+    local spec = { { "--model", key = "model", arg = "PATH", need = true }, { "--ctx", key = "ctx", num = "int+", need = true },
+                   { "--ids", key = "ids" }, positional = "FILE", need_positional = true }
+    local o, code, out, err = run({ "--ids" }, spec)
+    assert.is_nil(o)
+    assert.are.equal(1, code)
+    assert.are.equal("", out)
+    assert.are.equal("nibble demo: missing FILE, --model PATH, --ctx N\nusage: nibble demo ...\n", err)
+    _, _, _, err = run({ "a.txt", "--ctx", "2" }, spec)
+    assert.are.equal("nibble demo: missing --model PATH\nusage: nibble demo ...\n", err)
+    _, code, _, err = run({}, spec)
+    assert.are.equal(1, code)
+    assert.are.equal("usage: nibble demo ...\n", err)
+    assert.are.same({ "a.txt", model = "m", ctx = 2 }, (run({ "a.txt", "--ctx", "2", "--model", "m" }, spec)))
   end)
 
   it("prints the usage on stdout for -h and --help and exits 0", function()
@@ -102,6 +134,52 @@ describe("errors of programs that nibble run starts", function()
     assert.is_nil(cli.user_message(nil))
   end)
 
+  it("a position in a data file is the user's (FILE:LINE stays); a Lua position is not", function()
+    local data_err = "NB_ERR_FORMAT: /tmp/calib.jsonl:2: invalid JSON (column 3)"
+    assert.are.equal(data_err, cli.user_message(data_err))
+    assert.are.equal(data_err, cli.clean(data_err))
+    assert.are.equal(data_err, cli.clean("/work/lua/nibble/ptq.lua:120: " .. data_err))
+    assert.are.equal(data_err, cli.clean("recipes/x.lua:3: " .. data_err))
+    assert.are.equal("boom", cli.clean('[string "x = 1"]:1: boom'))
+    assert.are.equal("boom", cli.clean("stdin:4: boom"))
+    assert.are.equal("boom", cli.clean("(command line):1: boom"))
+    assert.are.equal("a.txt:3: boom", cli.clean("a.txt:3: boom"))
+    assert.is_nil(cli.user_message("recipes/x.lua:3: " .. data_err))
+    assert.are.equal("NB_ERR_FORMAT: /tmp/calib.jsonl:2: invalid JSON", nbspec.err_of(cli.user_call, function()
+      error("NB_ERR_FORMAT: /tmp/calib.jsonl:2: invalid JSON")   -- error() adds this spec's position
+    end))
+  end)
+
+  it("fail: a failed call is one line without the Lua position; Ctrl-C is raised again (the host exits 130)", function()
+    local err = {}
+    local se = io.stderr
+    io.stderr = { write = function(_, ...) for _, x in ipairs({ ... }) do err[#err + 1] = x end end }
+    local ok, code = pcall(cli.fail, "demo", "/x/nibble/data.lua:9: NB_ERR_FORMAT: c.jsonl:2: invalid JSON")
+    local ok2, e2 = pcall(cli.fail, "demo", "interrupted")
+    local ok3, e3 = pcall(cli.fail, "demo", "/x/nibble/init.lua:109: NB_ERR_INTERRUPTED: interrupted")
+    io.stderr = se
+    assert.is_true(ok)
+    assert.are.equal(1, code)
+    assert.are.equal("nibble demo: NB_ERR_FORMAT: c.jsonl:2: invalid JSON\n", table.concat(err))
+    assert.is_false(ok2)
+    assert.are.equal("interrupted", e2)
+    assert.is_false(ok3)
+    assert.are.equal("interrupted", e3)
+  end)
+
+  it("interrupt_message says which exports completed since a point, and only those", function()
+    local qm = require("nibble.qmodel")
+    local n = #qm.completed_exports
+    assert.are.equal("interrupted", cli.interrupt_message(n))
+    qm.completed_exports[n + 1] = "/tmp/out-a"
+    local ok, msg = pcall(cli.interrupt_message, n)
+    local msg0 = cli.interrupt_message(n + 1)
+    qm.completed_exports[n + 1] = nil
+    assert.is_true(ok, msg)
+    assert.are.equal("interrupted after the export was complete: /tmp/out-a is complete and usable", msg)
+    assert.are.equal("interrupted", msg0)
+  end)
+
   it("program is a plain call from Lua (a spec, a script, the REPL): results and errors reach the caller", function()
     assert.are.same({ 1, 2 }, { cli.program(function(a, b) return a, b end, 1, 2) })
     assert.are.equal("x: refused", nbspec.err_of(cli.program, function() error("x: refused", 0) end))
@@ -125,7 +203,10 @@ describe("errors of programs that nibble run starts", function()
   end
 
   it("nibble run: a refused request is one line and exit code 1; NIBBLE_DEBUG=1 adds the traceback", function()
-    local p = script("refuse.lua", "return require('nibble.cli').program(function() error('demo: refused', 0) end)\n")
+    -- the tensor made before the refusal is freed: program closes the Lua state as it exits (os.exit(1,
+    -- true)); without that the sanitizer build's LeakSanitizer reports it on stderr and the exit code is 23
+    local p = script("refuse.lua", "local t = nibble.zeros('f32', 4096)\n"
+      .. "return require('nibble.cli').program(function() error('demo: refused', 0) end)\n")
     local out, err, rc = nbspec.nibble { "run", p }
     assert.are.equal(1, rc)
     assert.are.equal("", out)
@@ -143,11 +224,17 @@ describe("errors of programs that nibble run starts", function()
     assert.truthy(err:find("stack traceback:", 1, true), err)
   end)
 
-  it("nibble run: a declarative recipe refused by recipe.execute is one line", function()
-    local p = script("bad_distill.lua", "return nibble.recipe { model = { path = '/nonexistent' }, distill = { stepz = 3 } }\n")
-    local _, err, rc = nbspec.nibble { "run", p }
+  -- nibble run on a script NAME holding BODY: exit code 1, nothing on stdout, exactly MSG on stderr
+  local function run_refused(name, body, msg)
+    local out, err, rc = nbspec.nibble { "run", script(name, body) }
+    assert.are.equal(msg, err)
     assert.are.equal(1, rc)
-    assert.are.equal("nibble: recipe: unknown key 'stepz' in 'distill' (did you mean 'steps'?)\n", err)
+    assert.are.equal("", out)
+  end
+
+  it("nibble run: a declarative recipe refused by recipe.execute is one line", function()
+    run_refused("bad_distill.lua", "return nibble.recipe { model = { path = '/nonexistent' }, distill = { stepz = 3 } }\n",
+      "nibble: recipe: unknown key 'stepz' in 'distill' (did you mean 'steps'?)\n")
   end)
 
   it("nibble run recipes/qad.lua: bad keys and values are one line, --help prints the keys", function()
@@ -170,11 +257,44 @@ describe("errors of programs that nibble run starts", function()
     assert.truthy(out:find("[lm_loss=true kd_loss_scale=S: loss = CE + S * KD]", 1, true), out)
   end)
 
+  it("nibble run recipes/qad.lua --help speaks to the user: no issue numbers, no internal documents", function()
+    local out, err, rc = nbspec.nibble { "run", nbspec.source_dir .. "/recipes/qad.lua", "--help" }
+    assert.are.equal(0, rc, err)
+    assert.falsy(out:find("issue", 1, true), out)
+    assert.falsy(out:find("FORMATS", 1, true), out)
+    assert.falsy(out:find("§", 1, true), out)
+    assert.falsy(out:find("qad.loader", 1, true), out)
+    assert.truthy(out:find("The defaults are those of NVIDIA ModelOpt's QAD: the loss is KL(teacher‖student)", 1, true), out)
+    assert.truthy(out:find("exits with code 130;\nrun again with resume=true", 1, true), out)
+  end)
+
+  it("nibble run: a glob with a typo or a misspelt unit gets the nearest that exists", function()
+    run_refused("typo_unit.lua", "return nibble.recipe { extends = 'units/nvfp4_w4a61', model = { path = '/nonexistent' } }\n",
+      "nibble: recipe: extends 'units/nvfp4_w4a61': no such recipe or unit (did you mean 'units/nvfp4_w4a16'?)\n")
+    -- the matcher alone (no model needed): module names as the resolver sees them
+    local recipe = require("nibble.recipe")
+    local mods = {}
+    for _, n in ipairs { "model.layers.0.self_attn.q_proj", "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj" } do
+      mods[#mods + 1] = { name = n, kind = "linear", in_features = 64, out_features = 64 }
+    end
+    local function refused(glob)
+      return nbspec.err_of(recipe.resolve, { quantize = { { "*", "nvfp4_w4a16" }, { glob, "mxfp8" } } }, mods)
+    end
+    assert.are.equal("recipe: rule 2 '*.mpl.*' matches no module (did you mean '*.mlp.*'?)", refused("*.mpl.*"))
+    assert.are.equal("recipe: rule 2 'model.layers.*.mlp.gate_prj' matches no module (did you mean "
+      .. "'model.layers.*.mlp.gate_proj'?)", refused("model.layers.*.mlp.gate_prj"))
+    assert.are.equal("recipe: rule 2 'model.layers.0.mlp.down_prj' matches no module (did you mean "
+      .. "'model.layers.0.mlp.down_proj'?)", refused("model.layers.0.mlp.down_prj"))
+    assert.are.equal("recipe: rule 2 '*.experts.*' matches no module", refused("*.experts.*"))
+  end)
+
   it("nibble run usage: the run command's text, listed by nibble --help", function()
     local out, code = captured(cli.main, "run", { "--help" })
     assert.are.equal(0, code)
     assert.matches("^usage: nibble run FILE", out)
     assert.truthy(out:find("NIBBLE_DEBUG=1 prints the traceback for every error", 1, true), out)
+    assert.truthy(out:find('After the export finished, Ctrl-C says "interrupted\n  after the export was complete: DIR is '
+      .. 'complete and usable" and still exits 130', 1, true), out)
     local help = nbspec.nibble { "--help" }
     assert.matches("nibble run %.%.%.%s+run a Lua script or a recipe", help)
   end)
@@ -218,6 +338,74 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
       "nibble quantize: --batch needs a positive integer, got 0\n")
     refused({ "generate", "--model", "/nonexistent", "--top-p", "2" }, "nibble generate: --top-p needs a number in (0, 1], got 2\n")
     refused({ "generate", "--model", "/nonexistent", "--top-p", "0" }, "nibble generate: --top-p needs a number in (0, 1], got 0\n")
+  end)
+
+  it("quantize: a misspelt option, a missing --out and unknown values name the option, not a file of nibble's", function()
+    local _, err, rc = nbspec.nibble { "quantize", "--fromat", "nvfp4" }
+    assert.are.equal(1, rc)
+    assert.matches("^nibble quantize: unknown argument %-%-fromat %(did you mean '%-%-format'%?%)\nusage: nibble quantize ", err)
+    _, err, rc = nbspec.nibble { "quantize", "--model", "/nonexistent", "--format", "nvfp4" }
+    assert.are.equal(1, rc)
+    assert.matches("^nibble quantize: missing %-%-out DIR\nusage: nibble quantize ", err)
+    local known = "fp8, fp8_per_channel, mxfp8, nvfp4, nvfp4_4o6, nvfp4_4o6_a4, nvfp4_static, nvfp4_w4a16"
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp5", "--out", tmp .. "/q" },
+      "nibble quantize: unknown --format 'nvfp5' (did you mean 'nvfp4'?); known: " .. known .. "\n")
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--layout", "compresed-tensors", "--out", tmp .. "/q" },
+      "nibble quantize: unknown --layout 'compresed-tensors' (did you mean 'compressed-tensors'?); known: "
+      .. "compressed-tensors, modelopt\n")
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--algorithm", "msee", "--out", tmp .. "/q" },
+      "nibble quantize: unknown --algorithm 'msee' (did you mean 'mse'?); known: four_over_six, max, mse\n")
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--kv-cache", "fp16", "--out", tmp .. "/q" },
+      "nibble quantize: unknown --kv-cache 'fp16' (did you mean 'fp8'?); known: fp8, none\n")
+  end)
+
+  it("quantize refuses a --seq-len beyond max_position_embeddings unless --allow-long, before any compute", function()
+    if not nbspec.need(H, V) then return end
+    refused({ "quantize", "--model", H, "--format", "nvfp4", "--calib", V, "--seq-len", "2048", "--out", tmp .. "/long" },
+      "nibble quantize: --seq-len 2048 is more than the model's max_position_embeddings 512 (--allow-long runs it anyway)\n")
+    assert.is_nil(nbspec.read(tmp .. "/long/config.json"))
+    -- the recipe form, and QAD's calibration rows (which follow distill's allow_long)
+    refused({ "run", nbspec.source_dir .. "/recipes/ptq.lua", "model=" .. H, "format=fp8", "calib=" .. V, "seq_len=513",
+              "out=" .. tmp .. "/long" },
+      "nibble: calibration: seq_len 513 is more than the model's max_position_embeddings 512 (allow_long=true runs it anyway)\n")
+    refused({ "run", nbspec.source_dir .. "/recipes/qad.lua", "model=" .. H, "data=" .. V, "format=nvfp4", "calib_seq_len=1024",
+              "out=" .. tmp .. "/long" },
+      "nibble: calibration: seq_len 1024 is more than the model's max_position_embeddings 512 (allow_long=true runs it anyway)\n")
+    refused({ "run", nbspec.source_dir .. "/recipes/qad.lua", "model=" .. H, "data=" .. V, "seq_len=2048", "out=" .. tmp .. "/long" },
+      "nibble: distill: seq_len 2048 is more than the model's max_position_embeddings 512 (allow_long=true runs it anyway)\n")
+    -- a weight-only format reads no calibration rows: --seq-len is not used, nothing to refuse
+    local out, err, rc = nbspec.nibble { "quantize", "--model", H, "--format", "nvfp4_w4a16", "--seq-len", "2048", "--quiet",
+                                         "--out", tmp .. "/wo" }
+    assert.are.equal(0, rc, err)
+    assert.matches("^quantized 30 modules %(nvfp4_w4a16, max%) %-> ", out)
+    -- --allow-long runs it (rows of 600 tokens, positions past 512)
+    out, err, rc = nbspec.nibble { "quantize", "--model", H, "--format", "nvfp4", "--calib", V, "--seq-len", "600",
+                                   "--samples", "2", "--allow-long", "--quiet", "--out", tmp .. "/long2" }
+    assert.are.equal(0, rc, err)
+    assert.matches("^quantized 30 modules %(nvfp4, max%) %-> ", out)
+  end)
+
+  it("a bad JSONL line keeps its FILE:LINE through quantize and recipes, as one line", function()
+    if not nbspec.need(H, V) then return end
+    local bad = tmp .. "/bad.jsonl"
+    nbspec.write(bad, '{"text": "Once upon a time"}\n{"text": oops}\n')
+    local msg = "NB_ERR_FORMAT: " .. bad .. ":2: invalid JSON (column 10)\n"
+    local out, err, rc = nbspec.nibble { "quantize", "--model", H, "--format", "nvfp4", "--calib", bad, "--quiet",
+                                         "--out", tmp .. "/j" }
+    assert.are.equal(1, rc)
+    assert.are.equal("", out)
+    assert.are.equal("nibble quantize: " .. msg, err)
+    -- recipes log their stages on stderr first; the error is the last line, with no traceback after it
+    for _, a in ipairs {
+      { nbspec.source_dir .. "/recipes/ptq.lua", "format=nvfp4", "calib=" .. bad },
+      { nbspec.source_dir .. "/recipes/qad.lua", "data=" .. bad, "steps=1" },
+    } do
+      out, err, rc = nbspec.nibble { "run", a[1], "model=" .. H, a[2], a[3], "out=" .. tmp .. "/j" }
+      assert.are.equal(1, rc, err)
+      assert.are.equal("", out)
+      assert.truthy(err:sub(-#msg - 8) == "nibble: " .. msg, err)
+      assert.falsy(err:find("traceback", 1, true), err)
+    end
   end)
 
   it("plot, tokenize, eval and plan: a folder or a missing file is one line naming the path once", function()

@@ -22,7 +22,8 @@ local function err(msg)
   return 1
 end
 
-local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
+-- a failed call: its message without the Lua position, or Ctrl-C raised again (exit code 130)
+local function failed(e) return require("nibble.cli").fail("eval", e) end
 
 local function num(x)
   if x == nil or x ~= x or x == math.huge or x == -math.huge then return "null" end
@@ -30,7 +31,7 @@ local function num(x)
 end
 
 local SPEC = {
-  { "--model", "-m", key = "model", arg = "PATH" }, { "--data", "-f", key = "data", arg = "FILE" },
+  { "--model", "-m", key = "model", arg = "PATH", need = true }, { "--data", "-f", key = "data", arg = "FILE", need = true },
   { "--teacher", key = "teacher", arg = "PATH" }, { "--ctx", "-c", key = "ctx", num = "int+" },
   { "--chunks", key = "chunks", num = "int+" }, { "--batch", key = "batch", num = "int+" },
   { "--json", key = "json" }, { "--no-kv-quant", key = "no_kv" },
@@ -40,10 +41,6 @@ local SPEC = {
 return function(args)
   local o, code = require("nibble.cli").parse("eval", USAGE, args, SPEC)
   if not o then return code end
-  if not o.model or not o.data then
-    io.stderr:write(USAGE)
-    return 1
-  end
   local cli = require("nibble.cli")
   o.model = cli.model_dir(o.model)
   if o.teacher then o.teacher = cli.model_dir(o.teacher) end
@@ -54,12 +51,12 @@ return function(args)
       :format(ctx, maxpos))
   end
   local ok, m = pcall(nibble.model.load, o.model)
-  if not ok then return err(clean(m)) end
+  if not ok then return failed(m) end
   local bad = cli.file_problem(o.data)   -- after the model, whose errors come first
   if bad then return err(bad) end
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
   local okq, aq, naq, nkv = pcall(nibble.qmodel.activations, m, nil, { kv = not o.no_kv })
-  if not okq then return err(clean(aq)) end
+  if not okq then return failed(aq) end
   if naq > 0 then io.stderr:write(("nibble eval: activations quantized as exported (%d modules)\n"):format(naq)) end
   if nkv > 0 then
     io.stderr:write(("nibble eval: KV cache quantized as exported (FP8, k_scale / v_scale of %d layers; "
@@ -70,13 +67,13 @@ return function(args)
   local teacher
   if o.teacher then
     local okt, t = pcall(nibble.model.load, o.teacher)
-    if not okt then return err(clean(t)) end
+    if not okt then return failed(t) end
     teacher = t
   end
   local t0 = os.clock()
   local okr, r = pcall(m.eval, m, { data = o.data, ctx = ctx, chunks = o.chunks, batch = o.batch,
                                     teacher = teacher })
-  if not okr then return err(clean(r)) end
+  if not okr then return failed(r) end
   if o.json then
     io.stdout:write(('{"ppl": %s, "nll": %s, "tokens": %d, "kld": %s, "top1": %s, "ppl_err": %s, "chunks": %d}\n')
       :format(num(r.ppl), num(r.nll), r.tokens, num(r.kld), num(r.top1), num(r.ppl_err), r.chunks))

@@ -18,10 +18,11 @@ local function err(msg)
   return 1
 end
 
-local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
+-- a failed call: its message without the Lua position, or Ctrl-C raised again (exit code 130)
+local function failed(e) return require("nibble.cli").fail("generate", e) end
 
 local SPEC = {
-  { "--model", "-m", key = "model", arg = "PATH" }, { "--prompt", "-p", key = "prompt", arg = "TEXT" },
+  { "--model", "-m", key = "model", arg = "PATH", need = true }, { "--prompt", "-p", key = "prompt", arg = "TEXT" },
   { "-n", "--n-predict", key = "n", num = "int0" }, { "--temp", key = "temperature", num = "num0" },
   { "--top-k", key = "top_k", num = "int0" }, { "--top-p", key = "top_p", num = "prob" },
   { "--seed", key = "seed", num = "int0" }, { "--greedy", key = "greedy" }, { "--no-stop", key = "stop", set = false },
@@ -31,22 +32,18 @@ local SPEC = {
 return function(args)
   local a, code = require("nibble.cli").parse("generate", USAGE, args, SPEC)
   if not a then return code end
-  if not a.model then
-    io.stderr:write(USAGE)
-    return 1
-  end
   local o = { n = a.n or 128, temperature = a.temperature or 0.8, top_k = a.top_k or 40, top_p = a.top_p or 0.95,
               seed = a.seed or 0, prompt = a.prompt }
   local cli = require("nibble.cli")
   local model, greedy, ids, stop = cli.model_dir(a.model), a.greedy, a.ids, a.stop ~= false
   local ok, m = pcall(nibble.model.load, model)
-  if not ok then return err(clean(m)) end
+  if not ok then return failed(m) end
   local maxpos = cli.max_position(model)
   if maxpos and not a.allow_long then
     local np = 1   -- BOS alone without a prompt (or with one that encodes to nothing), as m:generate starts
     if o.prompt then
       local okt, pids = pcall(function() return m:tokenizer():encode(o.prompt) end)
-      if not okt then return err(clean(pids)) end
+      if not okt then return failed(pids) end
       np = math.max(#pids, 1)
     end
     if np + o.n > maxpos then
@@ -57,7 +54,7 @@ return function(args)
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
   -- and an FP8 KV cache (k_scale / v_scale) stores keys and values as vLLM's would, unless --no-kv-quant
   local okq, aq, naq, nkv = pcall(nibble.qmodel.activations, m, nil, { kv = not a.no_kv })
-  if not okq then return err(clean(aq)) end
+  if not okq then return failed(aq) end
   if naq > 0 then io.stderr:write(("nibble generate: activations quantized as exported (%d modules)\n"):format(naq)) end
   if nkv > 0 then
     io.stderr:write(("nibble generate: KV cache quantized as exported (FP8, %d layers; --no-kv-quant to turn off)\n"):format(nkv))
@@ -70,7 +67,7 @@ return function(args)
   end
   o.text = not ids
   local okg, _, out = pcall(m.generate, m, o)
-  if not okg then io.stdout:write("\n"); return err(clean(_)) end
+  if not okg then io.stdout:write("\n"); return failed(_) end
   if ids then
     local s = {}
     for k, v in ipairs(out) do s[k] = tostring(v) end

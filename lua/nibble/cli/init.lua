@@ -16,6 +16,7 @@ end
 
 function M.exists(cmd) return M.find(cmd) ~= nil end
 
+-- listdir(dir): the names in a folder (the host's nibble.host.listdir, else LuaFileSystem), or nil.
 local function listdir(dir)
   local okh, host = pcall(require, "nibble.host")
   if okh and type(host) == "table" and host.listdir then return host.listdir(dir) end
@@ -27,6 +28,7 @@ local function listdir(dir)
   end
   return nil
 end
+M.listdir = listdir
 
 local function summary_of(file, cmd)
   local f = io.open(file, "r")
@@ -97,14 +99,71 @@ function M.debug_on()
   return v ~= nil and v ~= "" and v ~= "0"
 end
 
+-- lua_position(msg): the "chunk:line: " prefix Lua's error() gives a message raised from Lua code (a
+-- .lua file, a string chunk, stdin or -e in the host, the script `nibble run` started), else nil. The
+-- position a data reader gives ("NB_ERR_FORMAT: calib.jsonl:2: invalid JSON") is not one: it is what
+-- the user needs to find the bad line, and it stays.
+function M.lua_position(msg)
+  if type(msg) ~= "string" then return nil end
+  local p = msg:match("^([^\n]-:%d+: )")
+  if not p then return nil end
+  local chunk = p:match("^(.-):%d+: $")
+  local a = rawget(_G, "arg")
+  if chunk:match("%.lua$") or chunk:match('^%[string ".*"%]$') or chunk == "stdin" or chunk == "(command line)"
+     or (type(a) == "table" and chunk == a[0]) then
+    return p
+  end
+  return nil
+end
+
+-- clean(e): the message of an error without the Lua position a call from Lua code gave it (the user
+-- did not write that code); any other position stays.
+function M.clean(e)
+  local s = tostring(e)
+  local p = M.lua_position(s)
+  return p and s:sub(#p + 1) or s
+end
+
+-- is_interrupt(e): the error Ctrl-C raises ("interrupted", from the host's hook or a nibble call that
+-- saw the context's interrupt flag), with or without a position.
+function M.is_interrupt(e)
+  if type(e) ~= "string" then return false end
+  local s = M.clean(e)
+  return s == "interrupted" or s:match("^interrupted[;:]") ~= nil or s:match("^NB_ERR_INTERRUPTED") ~= nil
+end
+
+-- fail(cmd, e): how a sub-command reports a failed call: "nibble CMD: MESSAGE" (the Lua position
+-- removed) and exit code 1. Ctrl-C is raised again, so the host exits 130 as for any interrupted run.
+function M.fail(cmd, e)
+  if M.is_interrupt(e) then error("interrupted", 0) end
+  io.stderr:write("nibble ", cmd, ": ", M.clean(e), "\n")
+  return 1
+end
+
 -- user_message(err): the message of a user error, else nil. A user error is how nibble refuses a request
--- (a bad key or value, a missing file, an impossible setting): a string raised without a position,
+-- (a bad key or value, a missing file, an impossible setting): a string raised without a Lua position,
 -- error(msg, 0), as recipes and nibble's checks raise them. A positioned error ("file.lua:12: ...": a
 -- bug, or a misused API in a script), a non-string error and "interrupted" (Ctrl-C) are not.
 function M.user_message(err)
-  if type(err) ~= "string" or err == "interrupted" or err == "" then return nil end
-  if err:match("^[^\n]-:%d+: ") then return nil end
+  if type(err) ~= "string" or err == "" or M.is_interrupt(err) then return nil end
+  if M.lua_position(err) then return nil end
   return err
+end
+
+-- The folders whose export finished in this process (nibble.qmodel records them; not loaded: none).
+local function completed_exports()
+  local q = package.loaded["nibble.qmodel"]
+  return type(q) == "table" and q.completed_exports or {}
+end
+
+-- interrupt_message(since): the line Ctrl-C ends a run with: "interrupted", and when exports completed
+-- after the first `since` of them, that they are complete and usable.
+function M.interrupt_message(since)
+  local all, done = completed_exports(), {}
+  for i = (since or 0) + 1, #all do done[#done + 1] = all[i] end
+  if #done == 0 then return "interrupted" end
+  return ("interrupted after the export was complete: %s %s complete and usable"):format(table.concat(done, ", "),
+    #done == 1 and "is" or "are")
 end
 
 -- Whether program() was called by the host itself for `nibble run`: the global arg[0] is set (the REPL
@@ -125,18 +184,23 @@ end
 -- program(fn, ...): fn(...) as the body of a program `nibble run` started (a recipe file, what
 -- recipe.execute runs). A user error (user_message) prints "nibble: MESSAGE" on stderr and ends the
 -- program with exit code 1, without the Lua traceback the host would add; other errors keep theirs
--- (they are bugs). NIBBLE_DEBUG=1 keeps every traceback. From anywhere else (a spec, a script, the
--- REPL) it is a plain call, so callers still catch the error.
+-- (they are bugs). Ctrl-C ends it with "nibble: interrupted" (and, once an export is complete, says so)
+-- and exit code 130, no traceback. NIBBLE_DEBUG=1 keeps every traceback. From anywhere else (a spec, a
+-- script, the REPL) it is a plain call, so callers still catch the error.
+-- The exit closes the Lua state (os.exit(code, true)), so the objects loaded before the refusal are
+-- freed as at a normal end (LeakSanitizer counts them otherwise).
 function M.program(fn, ...)
   if M.debug_on() or not program_level() then return fn(...) end
+  local since = #completed_exports()
   local function handler(e)
     local msg = M.user_message(e)
     if msg then
       io.stdout:flush()
       io.stderr:write("nibble: ", msg, "\n")
       io.stderr:flush()
-      os.exit(1)   -- the host would print a traceback for any error that reaches it
+      os.exit(1, true)   -- the host would print a traceback for any error that reaches it
     end
+    if M.is_interrupt(e) then return M.interrupt_message(since) end   -- the host prints it, exit code 130
     if type(e) == "string" then return debug.traceback(e, 2) end   -- where it happened, not here
     return e
   end
@@ -152,8 +216,8 @@ function M.user_call(f, ...)
   local res = { pcall(f, ...) }
   if not res[1] then
     local e = res[2]
-    if type(e) ~= "string" or e == "interrupted" then error(e, 0) end
-    error((e:gsub("^[^\n]-:%d+: ", "")), 0)
+    if type(e) ~= "string" or M.is_interrupt(e) then error(e, 0) end
+    error(M.clean(e), 0)
   end
   return unpack(res, 2, table.maxn(res))
 end
@@ -166,6 +230,9 @@ end
 --   { "--flag", key = "name", set = value }                  a flag (set defaults to true)
 --   { "--long", key = "name", list = "NAMES" }               a comma-separated list
 -- and spec.positional = "WHAT" accepts other non-option words into the result's array part.
+-- need = true on an option (or spec.need_positional = true) makes it required: without it the
+-- error says what is missing ("missing --out DIR"), then the usage; with no argument at all, the usage.
+-- An unknown option gets the nearest known one as a did-you-mean.
 -- A value given as the next word must not start with "--" (`--out --quiet` forgot the value: it is an
 -- error, not a folder named --quiet); `--opt=--x` passes such a value, and a negative number like
 -- `--ctx -1` (one dash) still reaches its number rule.
@@ -216,15 +283,35 @@ function M.parse(cmd, usage, argv, spec)
         v = t
       end
       o[opt.key] = v
-    elseif opt and inline == nil then
+    elseif opt then   -- a flag
+      if inline ~= nil then return fail(("%s takes no value, got %s"):format(name, a)) end
       if opt.set == nil then o[opt.key] = true else o[opt.key] = opt.set end
     elseif spec.positional and a:sub(1, 1) ~= "-" then
       o[#o + 1] = a
     else
-      io.stderr:write("nibble ", cmd, ": unknown argument ", a, "\n", usage)
+      local hint = ""
+      if name:sub(1, 1) == "-" then
+        local names = {}
+        for n in pairs(by_name) do if n:sub(1, 2) == "--" then names[#names + 1] = n end end
+        table.sort(names)
+        hint = require("nibble.recipe").did_you_mean(name, names)
+      end
+      io.stderr:write("nibble ", cmd, ": unknown argument ", a, hint, "\n", usage)
       return nil, 1
     end
     i = i + 1
+  end
+  local missing = {}
+  if spec.need_positional and #o == 0 then missing[1] = spec.positional end
+  for _, opt in ipairs(spec) do
+    if opt.need and o[opt.key] == nil then
+      missing[#missing + 1] = opt[1] .. " " .. (opt.arg or opt.list or "N")
+    end
+  end
+  if #missing > 0 then
+    if #argv > 0 then io.stderr:write("nibble ", cmd, ": missing ", table.concat(missing, ", "), "\n") end
+    io.stderr:write(usage)
+    return nil, 1
   end
   return o
 end

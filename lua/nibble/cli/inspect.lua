@@ -96,11 +96,7 @@ return function(args)
   if not ok and path:match("%.json$") and tostring(info):find("weight_map", 1, true) then
     info = path .. " is not a safetensors index (no \"weight_map\"); give the model folder, a .safetensors or a .gguf file"
   end
-  if not ok then
-    -- the library's message names the problem; the Lua position adds nothing for a CLI user
-    io.stderr:write("nibble inspect: ", (tostring(info):gsub("^[^\n]-:%d+: ", "")), "\n")
-    return 1
-  end
+  if not ok then return require("nibble.cli").fail("inspect", info) end
   if as_json then
     io.stdout:write(nibble.json.encode(info, { indent = "  " }), "\n")
     return 0

@@ -6,7 +6,8 @@
 -- read to list its modules, no weights. Nothing is quantized.
 local USAGE = "usage: nibble plan RECIPE [key=value ...]\n"
 
-local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
+-- a failed call: its message without the Lua position, or Ctrl-C raised again (exit code 130)
+local function failed(e) return require("nibble.cli").fail("plan", e) end
 
 return function(args)
   local file
@@ -46,10 +47,7 @@ return function(args)
     local r = ptq.prepare(file, kv)
     return ptq.run(r, kv, { dry_run = true, quiet = true })
   end)
-  if not ok then
-    io.stderr:write("nibble plan: ", clean(res), "\n")
-    return 1
-  end
+  if not ok then return failed(res) end
   io.stdout:write(recipe.format_plan(res.plan), "\n")
   local r = res.recipe
   local lines = { ("algorithm: %s"):format(res.algorithm) }

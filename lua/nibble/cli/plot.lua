@@ -151,18 +151,14 @@ local function panel(out, x0, y0, w, h, key, files, uselog)
 end
 
 local SPEC = {
-  { "--out", "-o", key = "out", arg = "FILE.svg" }, { "--keys", key = "keys", list = "metric names" },
-  { "--log", key = "log" }, { "--title", key = "title", arg = "TEXT" }, positional = "METRICS.jsonl",
+  { "--out", "-o", key = "out", arg = "FILE.svg", need = true }, { "--keys", key = "keys", list = "metric names" },
+  { "--log", key = "log" }, { "--title", key = "title", arg = "TEXT" }, positional = "METRICS.jsonl", need_positional = true,
 }
 
 return function(args)
   local o, code = require("nibble.cli").parse("plot", USAGE, args, SPEC)
   if not o then return code end
   local files, keys, out_path, uselog, title = o, o.keys, o.out, o.log or false, o.title
-  if #files == 0 or not out_path then
-    io.stderr:write(USAGE)
-    return 1
-  end
   local data = {}
   for _, p in ipairs(files) do
     local series, n = read(p)

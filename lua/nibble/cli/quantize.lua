@@ -1,53 +1,77 @@
 -- nibble quantize: post-training quantization of a model to NVFP4 / MXFP8 / FP8, exported for serving
 -- Usage: nibble quantize --model PATH --format F [--algorithm A] [--calib FILE] [--samples N]
 --          [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
---          [--kv-cache fp8] [--allow-uncalibrated] [--quiet] --out DIR
+--          [--kv-cache fp8] [--allow-uncalibrated] [--allow-long] [--quiet] --out DIR
 -- F is a preset: nvfp4_w4a16, nvfp4 (W4A4), nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4 (W4A4), mxfp8, fp8 (W8A8),
 -- fp8_per_channel.
 -- Every linear layer gets F except the default exclusions (lm_head, routers, MoE gates) and the
 -- layers whose width the format's block does not divide. Formats that quantize activations need
 -- --calib (text, JSONL or JSON); weight-only formats calibrate the weights alone. The same run as a
 -- recipe: nibble run recipes/ptq.lua model=PATH format=F out=DIR ... --kv-cache fp8 also quantizes the KV
--- cache (FP8 k_scale / v_scale per layer, calibrated on --calib).
+-- cache (FP8 k_scale / v_scale per layer, calibrated on --calib). A --seq-len beyond the model's
+-- max_position_embeddings is refused unless --allow-long, as eval and generate refuse such a context.
+-- Values are checked here, before any compute, and errors name the option (never a file of nibble's).
 local USAGE = [[
 usage: nibble quantize --model PATH --format F [--algorithm max|mse|four_over_six] [--calib FILE]
          [--samples N] [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
-         [--kv-cache fp8] [--allow-uncalibrated] [--quiet] --out DIR
+         [--kv-cache fp8] [--allow-uncalibrated] [--allow-long] [--quiet] --out DIR
 formats: nvfp4_w4a16, nvfp4, nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4, mxfp8, fp8, fp8_per_channel
   --samples N   calibration rows (default 512; fewer when --calib has fewer); N >= 1
+  --seq-len N   tokens per calibration row (default 512); at most the model's max_position_embeddings
+  --allow-long  allow a --seq-len beyond max_position_embeddings
 ]]
 
-local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
-
-local function err(msg)
-  io.stderr:write("nibble quantize: ", msg, "\n")
-  return 1
-end
-
 local SPEC = {
-  { "--model", "-m", key = "model", arg = "PATH" }, { "--format", "-f", key = "format", arg = "FORMAT" },
+  { "--model", "-m", key = "model", arg = "PATH", need = true },
+  { "--format", "-f", key = "format", arg = "FORMAT", need = true },
   { "--algorithm", key = "algorithm", arg = "NAME" }, { "--calib", key = "calib", arg = "FILE" },
   { "--samples", key = "samples", num = "int+" }, { "--seq-len", key = "seq_len", num = "int+" },
   { "--batch", key = "batch", num = "int+" }, { "--seed", key = "seed", num = "int0" },
-  { "--layout", key = "layout", arg = "LAYOUT" }, { "--out", "-o", key = "out", arg = "DIR" },
+  { "--layout", key = "layout", arg = "LAYOUT" }, { "--out", "-o", key = "out", arg = "DIR", need = true },
   { "--kv-cache", key = "kv_cache", arg = "FORMAT" }, { "--allow-uncalibrated", key = "allow_uncalibrated" },
-  { "--quiet", "-q", key = "quiet" },
+  { "--allow-long", key = "allow_long" }, { "--quiet", "-q", key = "quiet" },
 }
 
-return function(args)
-  local o, code = require("nibble.cli").parse("quantize", USAGE, args, SPEC)
-  if not o then return code end
-  if not o.model or not o.format or not o.out then
-    io.stderr:write(USAGE)
-    return 1
-  end
+-- The named values of the options: "unknown --format 'nvfp5' (did you mean 'nvfp4'?); known: ...".
+local function bad_value(o)
   local recipe = require("nibble.recipe")
+  local kv = {}
+  for k in pairs(recipe.kv_presets) do kv[k] = true end
+  kv.none = true
+  for _, c in ipairs {
+    { "--format", o.format, recipe.presets }, { "--algorithm", o.algorithm, recipe.algorithms },
+    { "--layout", o.layout, recipe.layouts }, { "--kv-cache", o.kv_cache, kv },
+  } do
+    local opt, v, known = c[1], c[2], c[3]
+    if v ~= nil and not known[v] then
+      local names = recipe.keys_of(known)
+      return ("unknown %s '%s'%s; known: %s"):format(opt, v, recipe.did_you_mean(v, names), table.concat(names, ", "))
+    end
+  end
+  return nil
+end
+
+return function(args)
+  local cli = require("nibble.cli")
+  local o, code = cli.parse("quantize", USAGE, args, SPEC)
+  if not o then return code end
+  local bad = bad_value(o)
+  if bad then return cli.fail("quantize", bad) end
+  local recipe = require("nibble.recipe")
+  -- calibration rows are read (and --seq-len used) for formats that quantize activations and the KV cache
+  if recipe.presets[o.format].input or (o.kv_cache and o.kv_cache ~= "none") then
+    local seq_len, maxpos = o.seq_len or 512, cli.max_position(cli.model_dir(o.model))
+    if maxpos and seq_len > maxpos and not o.allow_long then
+      return cli.fail("quantize", ("--seq-len %d is more than the model's max_position_embeddings %d "
+        .. "(--allow-long runs it anyway)"):format(seq_len, maxpos))
+    end
+  end
   local ptq = require("nibble.ptq")
   local ok, res = pcall(function()
     local r, rargs = ptq.recipe_of(o)
     return ptq.run(r, rargs, { quiet = o.quiet })
   end)
-  if not ok then return err(clean(res)) end
+  if not ok then return cli.fail("quantize", res) end
   local we = res.weight_error
   io.stdout:write(("quantized %d modules (%s, %s%s) -> %s in %.1f s\n"):format(we.modules, o.format, res.algorithm,
     res.kv_cache and ", KV cache " .. res.kv_cache or "", res.export_dir, res.seconds))

@@ -10,7 +10,10 @@ usage: nibble run FILE [key=value ...] [ARGS ...]      (or: nibble FILE.lua ...)
   unknown key, a bad value or an impossible request is refused before any compute.
 errors: a refused request prints one line, "nibble: MESSAGE", and exits 1; any other error (a bug)
   also prints the Lua stack traceback. NIBBLE_DEBUG=1 prints the traceback for every error.
-  Ctrl-C stops the run with exit code 130 (QAD recipes save a checkpoint first: resume=true).
+  Ctrl-C stops the run: "nibble: interrupted", exit code 130, no traceback (QAD recipes save a
+  checkpoint first: run again with resume=true). After the export finished, Ctrl-C says "interrupted
+  after the export was complete: DIR is complete and usable" and still exits 130 (what came after
+  the export, such as the eval table, did not run).
 environment: NIBBLE_THREADS (threads), NIBBLE_DEBUG=1 (tracebacks), NIBBLE_RECIPES (recipe folders,
   searched before recipes/), NIBBLE_LUA_PATH (extra module path)
 ]]

@@ -17,11 +17,11 @@ local function err(msg)
   return 1
 end
 
--- the library's message names the problem; the Lua position adds nothing for a CLI user
-local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
+-- a failed call: its message without the Lua position, or Ctrl-C raised again (exit code 130)
+local function failed(e) return require("nibble.cli").fail("tokenize", e) end
 
 local SPEC = {
-  { "--model", "-m", key = "model", arg = "PATH" }, { "--text", "-t", key = "text", arg = "TEXT" },
+  { "--model", "-m", key = "model", arg = "PATH", need = true }, { "--text", "-t", key = "text", arg = "TEXT" },
   { "--file", "-f", key = "file", arg = "FILE" }, { "--count", key = "count" }, { "--tokens", key = "tokens" },
   { "--no-bos", key = "bos", set = false }, { "--special", key = "special" },
 }
@@ -30,10 +30,6 @@ return function(args)
   local o, code = require("nibble.cli").parse("tokenize", USAGE, args, SPEC)
   if not o then return code end
   local model, text, file, count, tokens, bos, special = o.model, o.text, o.file, o.count, o.tokens, o.bos, o.special
-  if not model then
-    io.stderr:write(USAGE)
-    return 1
-  end
   if text and file then return err("give --text or --file, not both") end
   local cli = require("nibble.cli")
   model = cli.model_dir(model)
@@ -41,16 +37,16 @@ return function(args)
     local bad = cli.file_problem(file)
     if bad then return err(bad) end
     local ok, t = pcall(nibble.data.read_text, file, "tokenize")   -- refuses a binary file, as eval's data
-    if not ok then return err(clean(t)) end
+    if not ok then return failed(t) end
     text = t
   elseif not text then
     text = io.stdin:read("*a") or ""
   end
   local ok, tok = pcall(nibble.tokenizer.load, model)
-  if not ok then return err(clean(tok)) end
+  if not ok then return failed(tok) end
   local opts = { bos = bos ~= false, special = special or false }
   local ok2, t = pcall(tok.encode_tokens, tok, text, opts)
-  if not ok2 then return err(clean(t)) end
+  if not ok2 then return failed(t) end
   local n = tonumber(t.n)
   if count then
     io.stdout:write(n, "\n")
