@@ -20,6 +20,8 @@ void nbh_release_ctx(void);
  * interrupts it (Lua hook + nb_ctx_interrupt). Returns the lua_pcall status; on error the
  * message (with traceback) is on the stack. *interrupted is set when a Ctrl-C caused it. */
 int nbh_docall(lua_State *L, int narg, int nres, int *interrupted);
+/* Set by the REPL: an error's message is printed without the traceback (NIBBLE_DEBUG=1 keeps it). */
+extern int nbh_brief_errors;
 /* Print the error on top of the stack to stderr (prefixed "nibble: ") and pop it. */
 void nbh_report(lua_State *L);
 

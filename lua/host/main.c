@@ -1,7 +1,8 @@
 /* `nibble`: the command-line host. Embeds LuaJIT (classic Lua C API, modelled on luajit.c), makes
  * the `nibble` Lua module reachable without installation, and runs scripts (`run`, `-e`), the
  * built-in flags, sub-commands implemented in Lua (lua/nibble/cli/<cmd>.lua) and the REPL.
- * Ctrl-C sets a Lua hook that raises "interrupted" and interrupts the default nb_ctx. */
+ * Ctrl-C sets a Lua hook that raises "interrupted" and interrupts the default nb_ctx; the run ends with
+ * "nibble: interrupted" and exit code 130, with no traceback unless NIBBLE_DEBUG=1. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,20 @@ void nbh_signals_default(void) { set_sigint(SIG_DFL); }
 
 /* ---- protected calls -------------------------------------------------------------------------- */
 
+int nbh_brief_errors;
+
+/* NIBBLE_DEBUG set to anything but "" or "0": every error keeps its traceback (as nibble.cli.debug_on). */
+static int debug_on(void) {
+    const char *v = getenv("NIBBLE_DEBUG");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* The error Ctrl-C raises: "interrupted" from the hook, possibly with a note after it (nibble.cli
+ * says when an export had completed), or NB_ERR_INTERRUPTED from a nibble call that saw the flag. */
+static int is_interrupt(const char *msg) {
+    return strncmp(msg, "interrupted", 11) == 0 || strstr(msg, "NB_ERR_INTERRUPTED") != NULL;
+}
+
 static int msghandler(lua_State *L) {
     const char *msg = lua_tostring(L, 1);
     if (msg == NULL) {
@@ -112,6 +127,9 @@ static int msghandler(lua_State *L) {
     /* a message that already carries its traceback (nibble.cli.program adds the one from where a bug
      * happened before it re-raises) is not given a second one from the re-raise */
     if (strstr(msg, "\nstack traceback:")) return 1;
+    /* Ctrl-C is the user's request, not a fault, and at the REPL the user's own line is the only
+     * frame that matters: the message alone, unless NIBBLE_DEBUG asks for the traceback */
+    if ((nbh_brief_errors || is_interrupt(msg)) && !debug_on()) return 1;
     luaL_traceback(L, L, msg, 1);
     return 1;
 }
@@ -390,6 +408,9 @@ static int pmain(lua_State *L) {
 }
 
 int main(int argc, char **argv) {
+    /* os.exit(code, true) (nibble.cli.program's refusals) closes the Lua state and exits without
+     * returning here: the default context is released then too */
+    atexit(nbh_release_ctx);
     lua_State *L = luaL_newstate();
     if (!L) {
         fprintf(stderr, "nibble: cannot create the Lua state: not enough memory\n");

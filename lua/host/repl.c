@@ -2,7 +2,9 @@
  * ~/.nibble_history) on a terminal, or plainly from a pipe (no prompts, for scripted use and tests).
  * Each chunk is tried as `return <chunk>` first so expressions print their values (through
  * nibble.repl.show, which prints tensors by shape and a few values); a chunk that ends early
- * ('<eof>' syntax errors) continues on the next line. Ctrl-C stops the running chunk, not the REPL. */
+ * ('<eof>' syntax errors) continues on the next line. Ctrl-C stops the running chunk, not the REPL.
+ * An error prints its message without a traceback (NIBBLE_DEBUG=1 adds it). Tab completes names
+ * (globals, fields after ".", methods after ":") through nibble.repl.complete. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,74 @@ static char *read_line(repl_state *rs, const char *prompt, int *intr) {
     if (n > 0 && line[n - 1] == '\n') line[--n] = 0;
     if (n > 0 && line[n - 1] == '\r') line[--n] = 0;
     return line;
+}
+
+/* ---- Tab completion ------------------------------------------------------------------------------ */
+
+static lua_State *g_complete_L;
+static int g_complete_ref = LUA_NOREF;   /* nibble.repl.complete */
+static char **g_cands;
+static int g_ncands, g_next;
+
+static void free_cands(void) {
+    for (int i = 0; i < g_ncands; i++) free(g_cands[i]);
+    free(g_cands);
+    g_cands = NULL;
+    g_ncands = g_next = 0;
+}
+
+/* readline's generator: state 0 asks Lua for every completion of text, then they are handed out one
+ * per call (readline frees each). Lua runs protected and without the Ctrl-C hook (the prompt's
+ * handler only sets a flag), so completing can neither raise nor be cut in half. */
+static char *complete_entry(const char *text, int state) {
+    if (state == 0) {
+        free_cands();
+        lua_State *L = g_complete_L;
+        int top = lua_gettop(L);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, g_complete_ref);
+        lua_pushstring(L, text);
+        if (lua_pcall(L, 1, 1, 0) == 0 && lua_istable(L, -1)) {
+            int n = (int)lua_objlen(L, -1);
+            g_cands = calloc((size_t)n + 1, sizeof *g_cands);
+            for (int i = 1; g_cands && i <= n; i++) {
+                lua_rawgeti(L, -1, i);
+                const char *c = lua_tostring(L, -1);
+                if (c && (g_cands[g_ncands] = strdup(c)) != NULL) g_ncands++;
+                lua_pop(L, 1);
+            }
+        }
+        lua_settop(L, top);
+    }
+    if (g_next < g_ncands) return strdup(g_cands[g_next++]);
+    return NULL;
+}
+
+static char **attempt_completion(const char *text, int start, int end) {
+    (void)start;
+    (void)end;
+    rl_attempted_completion_over = 1;   /* names only: no file names when none matches */
+    return rl_completion_matches(text, complete_entry);
+}
+
+/* "." and ":" are part of a word (nibble.zeros, t:reshape); what separates Lua expressions is not. */
+static char g_word_breaks[] = " \t\n\"\\'`@$><=;|&{}()[],+-*/%^~#";
+
+static void setup_completion(lua_State *L) {
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "nibble.repl");
+    if (lua_pcall(L, 1, 1, 0) != 0) { lua_pop(L, 1); return; }
+    lua_getfield(L, -1, "complete");
+    if (lua_isfunction(L, -1)) {
+        g_complete_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+        g_complete_L = L;
+        rl_attempted_completion_function = attempt_completion;
+        rl_basic_word_break_characters = g_word_breaks;
+        rl_completer_word_break_characters = g_word_breaks;
+        rl_completion_append_character = '\0';
+    } else {
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
 }
 
 /* A syntax error that only says the chunk ended too early. */
@@ -151,6 +221,7 @@ int nbh_repl(lua_State *L) {
                nb_version(), LUAJIT_VERSION);
         fflush(stdout);
         rl_readline_name = "nibble";
+        setup_completion(L);
         using_history();
         stifle_history(HISTORY_MAX);
         const char *home = getenv("HOME");
@@ -172,6 +243,7 @@ int nbh_repl(lua_State *L) {
         nbh_report(L);
     }
 
+    nbh_brief_errors = 1;
     nbh_signals_prompt();
     for (;;) {
         int base = lua_gettop(L);
@@ -197,5 +269,9 @@ int nbh_repl(lua_State *L) {
     }
     fflush(stdout);
     if (show_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, show_ref);
+    if (g_complete_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, g_complete_ref);
+    g_complete_ref = LUA_NOREF;
+    free_cands();
+    nbh_brief_errors = 0;
     return 0;
 }

@@ -634,21 +634,32 @@ local okmt, errmt = pcall(ffi.metatype, TT, tensor_mt)
 if not okmt then error("nibble: the tensor metatype is already set (was nibble loaded twice?): " .. tostring(errmt)) end
 M.Tensor = TT
 M.tensor_methods = methods   -- other modules may add methods (t:quantize(...), ...)
+M.tensor_fields = getters    -- t.shape, t.dtype, ... (the REPL completes them)
 
 -- ---- constructors -------------------------------------------------------------------------------
 
--- Split constructor arguments: (dtype, shape...) or (shape [, dtype]) with shape a table or numbers.
+-- Split constructor arguments: (dtype, shape...), (shape [, dtype]) with shape a table, or the sizes
+-- alone, as torch takes them: (d1, d2, ... [, dtype]), f32 unless a dtype name ends the list. A number
+-- first is a size, except before a shape table (an nb_dtype number from nibble.dtype, then the shape).
 local function dtype_shape(a, ...)
   if type(a) == "table" then
     local n, buf = shape_args(a)
     return to_dtype((...) or "f32"), n, buf
+  end
+  if type(a) == "number" and type((...)) ~= "table" then
+    local dims = { a, ... }
+    local dt = "f32"
+    if type(dims[#dims]) == "string" then dt = table.remove(dims) end
+    local n, buf = shape_args(dims)
+    return to_dtype(dt), n, buf
   end
   local dt = to_dtype(a)
   local n, buf = shape_args(...)
   return dt, n, buf
 end
 
--- zeros(dtype, shape) / zeros(dtype, d1, d2, ...) / zeros(shape [, dtype]): new zero tensor.
+-- zeros(dtype, shape) / zeros(dtype, d1, d2, ...) / zeros(shape [, dtype]) / zeros(d1, d2, ... [, dtype]):
+-- a new zero tensor (f32 unless a dtype is given).
 function M.zeros(...)
   local dt, n, buf = dtype_shape(...)
   return tcall(C.nb_tensor_new, dt, n, buf)
@@ -709,7 +720,7 @@ local function random(gen, ...)
   for i = 0, count - 1 do vals[i] = gen(r) end
   return from_doubles(dt, n, buf, vals)
 end
--- rand / randn(dtype, shape) or (shape [, dtype]): uniform [0, 1) / standard normal values from
+-- rand / randn(dtype, shape), (shape [, dtype]) or (d1, d2, ... [, dtype]): uniform [0, 1) / standard normal values from
 -- the context's RNG (nibble.seed(n) makes them reproducible).
 function M.rand(...) return random(C.nb_rng_uniform, ...) end
 function M.randn(...) return random(C.nb_rng_normal, ...) end
@@ -718,6 +729,7 @@ function M.randn(...) return random(C.nb_rng_normal, ...) end
 
 -- Functions that live in submodules but are called as nibble.<name>.
 local lazy_functions = { load = "nibble.weights", inspect = "nibble.weights" }
+M.lazy_functions = lazy_functions   -- names nibble.<name> has before first use (the REPL completes them)
 
 setmetatable(M, {
   __index = function(t, k)

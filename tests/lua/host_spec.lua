@@ -249,6 +249,49 @@ describe("the REPL", function()
     assert.truthy(has(err, "nibble: stdin:1: 'end' expected near '<eof>'\n"), err)
   end)
 
+  it("prints a user error as its message alone; NIBBLE_DEBUG=1 adds the traceback", function()
+    local input = "nibble.zeros('f32', -1)\nfunction f() error('boom') end\nf()\nprint('after')\n"
+    local out, err, code = run({}, input)
+    assert.are.equal(0, code, err)
+    assert.are.equal("after\n", out)
+    assert.are.equal("nibble: NB_ERR_INVALID: negative dimension -1\nnibble: stdin:1: boom\n", err)
+    out, err, code = run({}, input, { NIBBLE_DEBUG = "1" })
+    assert.are.equal(0, code, err)
+    assert.are.equal("after\n", out)
+    assert.truthy(has(err, "nibble: NB_ERR_INVALID: negative dimension -1\nstack traceback:\n"), err)
+    assert.truthy(has(err, "nibble: stdin:1: boom\nstack traceback:\n"), err)
+  end)
+
+  it("takes sizes as torch does: nibble.randn(64, 64), nibble.zeros(2, 3, 'bf16')", function()
+    local out, err, code = run({}, "nibble.randn(64, 64)\nnibble.zeros(2, 3, 'bf16')\nnibble.rand(5).shape\n")
+    assert.are.equal(0, code, err)
+    assert.are.equal("", err)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.matches("^tensor<f32>{64, 64} ", lines[1])
+    assert.are.equal("tensor<bf16>{2, 3} {{0, 0, 0}, {0, 0, 0}}", lines[2])
+    assert.are.equal("{5}", lines[3])
+  end)
+
+  it("completes globals, fields after '.' and methods after ':' (nibble.repl.complete)", function()
+    local repl = require("nibble.repl")
+    local t = nibble.zeros("f32", 2)
+    local env = setmetatable({ t = t, nibble = nibble, xlong_name = 1, cfg = { alpha = 1, beta = { gamma = 2 } } },
+                             { __index = _G })
+    assert.are.same({ "xlong_name" }, repl.complete("xlo", env))
+    assert.are.same({ "nibble.zeros" }, repl.complete("nibble.zer", env))
+    assert.are.same({ "nibble.load" }, repl.complete("nibble.loa", env))            -- loaded on first use
+    assert.are.same({ "nibble.model" }, repl.complete("nibble.mode", env))            -- a submodule not loaded yet
+    assert.are.same({ "t:reshape" }, repl.complete("t:resh", env))
+    assert.are.same({ "t.shape" }, repl.complete("t.sha", env))                        -- a tensor's fields
+    assert.are.same({}, repl.complete("t:sha", env))                                   -- not a method
+    assert.are.same({ "cfg.beta.gamma" }, repl.complete("cfg.beta.g", env))
+    assert.are.same({ "cfg.alpha", "cfg.beta" }, repl.complete("cfg.", env))
+    assert.are.same({ "string.format" }, repl.complete("string.form", env))
+    assert.are.same({}, repl.complete("cfg..x", env))
+    assert.are.same({}, repl.complete("nosuch.x", env))
+  end)
+
   it("loads and shows a model at the prompt", function()
     if not need(hf) then return end
     local out, err, code = run({}, ("w = nibble.load(%q)\n#w, w[1]\nw['model.norm.weight']:stats().numel\n"):format(hf))
@@ -256,6 +299,24 @@ describe("the REPL", function()
     assert.are.equal("47\tmodel.embed_tokens.weight\n64\n", out)
   end)
 end)
+
+-- in_terminal(keys): the REPL on a terminal (script(1) gives it a pty), typed at by the shell commands
+-- `keys` (printf ...; sleep ...), then Ctrl-D, in a fresh HOME; returns its output (CRs removed) and the
+-- history it saved, or nil (pending) when script(1) is not installed. Fails the spec unless it exits 0.
+local function in_terminal(keys)
+  local _, _, has_script = nbspec.sh("command -v script")
+  if has_script ~= 0 then pending("script(1) is not installed") return nil end
+  local home = nbspec.mkdtemp()
+  -- script(1) runs the command through $SHELL -c; dash (CI's /bin/sh) stays as the parent in the
+  -- terminal's process group and dies of a Ctrl-C, so exec the binary in its place.
+  local cmd = ("{ %s printf '\\004'; sleep 0.5; } | HOME=%s SHELL=/bin/sh timeout 60 script -qfec %s /dev/null")
+    :format(keys, nbspec.quote(home), nbspec.quote("exec " .. nbspec.quote(nbspec.bin)))
+  local out, err, code = nbspec.sh(cmd)
+  local hist = nbspec.read(home .. "/.nibble_history") or ""
+  os.execute("rm -rf " .. nbspec.quote(home))
+  assert.are.equal(0, code, err .. out)
+  return (out:gsub("\r", "")), hist
+end
 
 describe("Ctrl-C", function()
   -- The program writes its pid; the code under test creates a marker file once its loop is about
@@ -280,15 +341,52 @@ describe("Ctrl-C", function()
   end
   local function touch(file) return ("io.open(%q, 'w'):close() "):format(file) end
   local function kill() return ("kill -INT $(cat %s); "):format(nbspec.quote(pidfile)) end
-
-  it("stops a script with a traceback and exit code 130", function()
-    local code_text = touch(ready) .. "while true do local t = nibble.zeros('f32', 8) end"
-    local cmd = ("%s & %s%s wait $!"):format(bin_with_pid("-e", code_text), wait_for(ready), kill())
-    local out, err, code = nbspec.sh(cmd)
+  -- nibble ARGS..., one Ctrl-C once `ready` exists: exit code 130, nothing on stdout; returns stderr
+  local function stopped(...)
+    local out, err, code = nbspec.sh(("%s & %s%s wait $!"):format(bin_with_pid(...), wait_for(ready), kill()))
     assert.are.equal(130, code, err)
     assert.are.equal("", out)
+    return err
+  end
+
+  it("stops a script with 'nibble: interrupted' and exit code 130; NIBBLE_DEBUG=1 adds where it stopped", function()
+    local code_text = touch(ready) .. "while true do local t = nibble.zeros('f32', 8) end"
+    assert.are.equal("nibble: interrupted\n", stopped("-e", code_text))
+    os.remove(ready)
+    local cmd = ("%s & %s%s wait $!"):format(bin_with_pid("-e", code_text), wait_for(ready), kill())
+    local _, err, code = nbspec.sh("NIBBLE_DEBUG=1 " .. cmd)
+    assert.are.equal(130, code, err)
     assert.truthy(has(err, "nibble: interrupted\nstack traceback:\n"), err)
     assert.truthy(has(err, "(command line):1: in main chunk"), err)
+  end)
+
+  -- a program as recipes are (nibble.cli.program), optionally exporting stories260K first
+  local function program_loop(export_dir)
+    local body = ""
+    if export_dir then
+      body = ("nibble.ptq.run(nibble.recipe { extends = 'units/nvfp4_w4a16', model = { path = %q }, "
+        .. "export = { dir = %q } }, nil, { quiet = true })\n"):format(hf, export_dir)
+    end
+    return script("return require('nibble.cli').program(function()\n" .. body .. touch(ready)
+      .. "\nwhile true do local t = nibble.zeros('f32', 8) end\nend)\n")
+  end
+
+  it("stops a program (a recipe) with one line: no traceback, exit code 130", function()
+    local p = program_loop(nil)
+    assert.are.equal("nibble: interrupted\n", stopped("run", p))
+    os.remove(p)
+  end)
+
+  it("says that the export is complete when Ctrl-C arrives after it (exit code 130 all the same)", function()
+    if not need(hf) then return end
+    local dir = nbspec.mkdtemp()
+    local p = program_loop(dir .. "/q")
+    assert.are.equal("nibble: interrupted after the export was complete: " .. dir .. "/q is complete and usable\n",
+      stopped("run", p))
+    assert.truthy(nbspec.read(dir .. "/q/model.safetensors"))
+    assert.truthy(nbspec.read(dir .. "/q/hf_quant_config.json"))
+    os.remove(p)
+    os.execute("rm -rf " .. nbspec.quote(dir))
   end)
 
   it("interrupts the default context: a compiled loop that polls it stops at once", function()
@@ -330,33 +428,37 @@ describe("Ctrl-C", function()
   end)
 
   it("works on a terminal (libedit, under script(1))", function()
-    local _, _, has_script = nbspec.sh("command -v script")
-    if has_script ~= 0 then pending("script(1) is not installed") return end
-    local home = nbspec.mkdtemp()
     -- One Ctrl-C stops the loop; the next line proves the REPL is back (it touches ready2) before
     -- a Ctrl-C at the prompt drops a half-typed line. Nothing depends on how fast the machine is.
     local loop = touch(ready) .. 'while true do local t = nibble.zeros("f32", 8); x = x + 1 end'
-    local feed = "{ sleep 0.7; printf '1 + 41\\r'; sleep 0.3; printf 'x = 0\\r'; sleep 0.3; "
+    local out, hist = in_terminal("sleep 0.7; printf '1 + 41\\r'; sleep 0.3; printf 'x = 0\\r'; sleep 0.3; "
       .. "printf '%s\\r' " .. nbspec.quote(loop) .. "; " .. wait_for(ready)
       .. "printf '\\003'; sleep 0.3; "
       .. "printf '%s\\r' " .. nbspec.quote('print("alive", x > 0) ' .. touch(ready2)) .. "; " .. wait_for(ready2)
       .. "printf 'half typed\\003'; sleep 0.3; "
-      .. "printf 'nibble.tensor{1, 2}\\r'; sleep 0.3; printf '\\004'; sleep 0.5; }"
-    -- script(1) runs the command through $SHELL -c; dash (CI's /bin/sh) stays as the parent in the
-    -- terminal's process group and dies of the Ctrl-C, so exec the binary in its place.
-    local cmd = ("%s | HOME=%s SHELL=/bin/sh timeout 60 script -qfec %s /dev/null")
-      :format(feed, nbspec.quote(home), nbspec.quote("exec " .. nbspec.quote(nbspec.bin)))
-    local out, err, code = nbspec.sh(cmd)
-    assert.are.equal(0, code, err .. out)
-    out = out:gsub("\r", "")
+      .. "printf 'nibble.tensor{1, 2}\\r'; sleep 0.3; ")
+    if not out then return end
     assert.truthy(has(out, "1 + 41\n42\n"), out)
     assert.truthy(has(out, "nibble: interrupted\n"), out)
     assert.truthy(has(out, "alive\ttrue\n"), out)
     assert.truthy(has(out, "^C\n"), out)
     assert.truthy(has(out, "tensor<f32>{2} {1, 2}\n"), out)
-    local hist = nbspec.read(home .. "/.nibble_history") or ""
+    assert.falsy(has(out, "stack traceback"), out)
     assert.truthy(has(hist, "1\\040+\\04041"), hist)
-    os.execute("rm -rf " .. nbspec.quote(home))
+  end)
+end)
+
+describe("Tab at the prompt", function()
+  it("completes a global, a nibble function and a tensor method (libedit, under script(1))", function()
+    -- each line is typed with a Tab in the middle of a name; the line runs as completed
+    local out = in_terminal("sleep 0.7; printf 'xlong_name_q = 41\\r'; sleep 0.3; printf 'xlong_na\\t + 1\\r'; "
+      .. "sleep 0.3; printf 'nibble.zer\\t(2).shape\\r'; sleep 0.3; printf 't = nibble.zeros(2, 3)\\r'; sleep 0.3; "
+      .. "printf 't:resh\\t(3, 2).shape\\r'; sleep 0.3; ")
+    if not out then return end
+    assert.truthy(has(out, "\n42\n"), out)
+    assert.truthy(has(out, "\n{2}\n"), out)
+    assert.truthy(has(out, "\n{3, 2}\n"), out)
+    assert.falsy(has(out, "nibble: "), out)   -- no line failed (an uncompleted name would be nil)
   end)
 end)
 

@@ -740,6 +740,8 @@ describe("nibble run recipes/qad.lua on stories260K", function()
     if rc == 0 then pending("the run finished before the signal") return end
     assert.are.equal(130, rc, log)
     assert.matches("interrupted; checkpoint of step %d+ saved", log)
+    assert.matches("\nnibble: interrupted\n$", log)   -- the friendly line, then one line and no traceback
+    assert.falsy(log:find("stack traceback", 1, true), log)
     assert.is_nil(nbspec.read(tmp .. "/int/model.safetensors"))
     local _, e, rc2 = nbspec.nibble(args { "out=" .. tmp .. "/int", "metrics=" .. tmp .. "/int.jsonl", "resume=true" })
     assert.are.equal(0, rc2, e)
