@@ -1,7 +1,7 @@
 -- The scripting examples run as a user runs them (`nibble run examples/...`), so they cannot rot unseen.
 -- examples/custom_qad.lua (the issue's step-level API: KL on logits plus a hidden-state MSE written in Lua):
 -- QAD beats PTQ, the printed loss is KL + w * MSE, the Lua gradient lowers the MSE it is the gradient of,
--- the export read back scores what the script scored, and a bad layer is refused, naming the range.
+-- the export read back scores what the script scored, and a bad layer or file is refused in one line.
 local nibble = require("nibble")
 local nbspec = require("nbspec")
 
@@ -69,10 +69,14 @@ describe("examples/custom_qad.lua", function()
     assert.is_true(m1_10 < 0.95 * m0_10, ("mse at step 10: %s (weight 20) vs %s (weight 0)"):format(m1_10, m0_10))
   end)
 
-  it("refuses a layer the model does not have, naming the range", function()
+  it("refuses a layer the model does not have in one line, naming the range, before loading anything", function()
     if not nbspec.need(stories, train, valid) then return end
-    local _, err, rc = custom_qad { "layer=99" }
+    local out, err, rc = custom_qad { "layer=99" }
     assert.are.equal(1, rc)
-    assert.matches("layer must be in 1%.%.6", err)
+    assert.are.equal("", out)
+    assert.are.equal("nibble: layer must be in 1..6, got 99\n", err)   -- no traceback
+    out, err, rc = custom_qad { "eval_data=/nonexistent.txt" }
+    assert.are.equal(1, rc)
+    assert.are.equal("nibble: cannot open /nonexistent.txt: No such file or directory\n", err)
   end)
 end)
