@@ -271,16 +271,22 @@ local function logger(quiet)
 end
 M.logger = logger
 
+-- progress_line(quiet): the calibration progress (one line rewritten in place), and end() that ends the
+-- line if it is still open, so a message after a failure or Ctrl-C starts on a line of its own.
 local function progress_line(quiet)
-  if quiet then return nil end
-  local last = -1
+  if quiet then return nil, function() end end
+  local last, open = -1, false
   return function(done, total, rate, eta)
     local t = now()
     if done < total and t - last < 0.2 then return end
     last = t
     io.stderr:write(("\rcalibrating: %d/%d samples  %.0f tok/s  ETA %s   "):format(done, total, rate, hms(eta)))
-    if done >= total then io.stderr:write("\n") end
+    open = done < total
+    if not open then io.stderr:write("\n") end
     io.stderr:flush()
+  end, function()
+    if open then io.stderr:write("\n") end
+    open = false
   end
 end
 
@@ -376,7 +382,10 @@ function M.run(r, args, opts)
     log("calibration: %d samples of %d tokens from %s (batch %d, offset %d, seed %s)", loader.rows_per_epoch,
         loader.seq_len, r.calibration.data, loader.batch, loader:offset(0), tostring(r.calibration.seed or r.seed or 0))
     local t0 = now()
-    M.calibrate(qm, model, loader, { algorithm = algorithm, progress = progress_line(opts.quiet) })
+    local progress, progress_end = progress_line(opts.quiet)
+    local okc, errc = pcall(M.calibrate, qm, model, loader, { algorithm = algorithm, progress = progress })
+    progress_end()
+    if not okc then error(errc, 0) end
     result.calib_seconds = now() - t0
     result.calib_samples = loader.rows_per_epoch
     result.calib_offset = loader:offset(0)

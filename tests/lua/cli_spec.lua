@@ -385,6 +385,24 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
     assert.matches("^quantized 30 modules %(nvfp4, max%) %-> ", out)
   end)
 
+  it("quantize stopped by Ctrl-C during calibration: exit code 130, 'nibble: interrupted' on a line of its own", function()
+    if not nbspec.need(H, V) then return end
+    -- the signal is sent once the calibration log line is out (the progress line follows it)
+    local log = tmp .. "/int.err"
+    local cmd = ("%s quantize --model %s --format nvfp4 --calib %s --out %s 2>%s & pid=$!; n=0; "
+      .. "while ! grep -q '^calibration:' %s 2>/dev/null && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done; "
+      .. "sleep 0.3; kill -INT $pid; wait $pid"):format(nbspec.quote(nbspec.bin), nbspec.quote(H), nbspec.quote(V),
+      nbspec.quote(tmp .. "/int"), nbspec.quote(log), nbspec.quote(log))
+    local out, _, rc = nbspec.sh(cmd)
+    local err = nbspec.read(log) or ""
+    if rc == 0 then pending("the calibration finished before the signal") return end
+    assert.are.equal(130, rc, err)
+    assert.are.equal("", out)
+    assert.matches("\nnibble: interrupted\n$", err)
+    assert.falsy(err:find("traceback", 1, true), err)
+    assert.is_nil(nbspec.read(tmp .. "/int/config.json"))
+  end)
+
   it("a bad JSONL line keeps its FILE:LINE through quantize and recipes, as one line", function()
     if not nbspec.need(H, V) then return end
     local bad = tmp .. "/bad.jsonl"
