@@ -32,6 +32,8 @@ local function loadavg()
   return s:match("^(%S+ %S+ %S+)") or "unknown"
 end
 local load0 = loadavg()
+local root = here .. "/.."
+local commit = results.commit(root)   -- the code as the bench starts, not as it ends
 local frag_path = os.tmpname()
 local quoted = {}
 for i, a in ipairs(cmd) do quoted[i] = q(a) end
@@ -52,7 +54,7 @@ local shown = { "build/nibble run bench/record.lua" }
 for _, a in ipairs(own) do if not a:match("^dir=") then shown[#shown + 1] = a end end
 shown[#shown + 1] = "--"
 for _, a in ipairs(cmd) do shown[#shown + 1] = a:match("^[%w%./_,=:%-]+$") and a or q(a) end
-local root = here .. "/.."
+frag.commit = frag.commit or commit
 local rec = results.complete(frag, table.concat(shown, " "), root)
 rec.notes[#rec.notes + 1] = ("load average (1, 5, 15 min) before the run %s, after it %s"):format(load0, loadavg())
 local okv, err = pcall(results.validate, rec, cmd[1])
