@@ -33,11 +33,12 @@ local function loadavg()
 end
 local load0 = loadavg()
 local root = here .. "/.."
-local commit = results.commit(root)   -- the code as the bench starts, not as it ends
+local commit = results.commit(root)   -- the code and the time as the bench starts, not as it ends
+local date = os.date("!%Y-%m-%dT%H:%M:%SZ")
 local frag_path = os.tmpname()
 local quoted = {}
 for i, a in ipairs(cmd) do quoted[i] = q(a) end
-local ok, how, code = os.execute("NIBBLE_BENCH_JSON=" .. q(frag_path) .. " " .. table.concat(quoted, " "))
+local ok, _, code = os.execute("NIBBLE_BENCH_JSON=" .. q(frag_path) .. " " .. table.concat(quoted, " "))
 -- LuaJIT's os.execute returns the wait status (exit code * 256); Lua 5.2+ returns ok, "exit", code
 local status = type(ok) == "number" and (ok >= 256 and math.floor(ok / 256) or ok) or (ok and 0 or (code or 1))
 if status ~= 0 then os.remove(frag_path); die(("%s failed (status %s)"):format(cmd[1], tostring(status))) end
@@ -48,13 +49,14 @@ os.remove(frag_path)
 if text == "" then die(cmd[1] .. " wrote no result to $NIBBLE_BENCH_JSON (does it write one?)") end
 local okd, frag = pcall(json.decode, text)
 if not okd then die(cmd[1] .. ": " .. frag) end
+if type(frag) ~= "table" or frag[1] ~= nil then die(cmd[1] .. " wrote no JSON object to $NIBBLE_BENCH_JSON") end
 if arg.id then frag.bench = arg.id end
 
 local shown = { "build/nibble run bench/record.lua" }
 for _, a in ipairs(own) do if not a:match("^dir=") then shown[#shown + 1] = a end end
 shown[#shown + 1] = "--"
 for _, a in ipairs(cmd) do shown[#shown + 1] = a:match("^[%w%./_,=:%-]+$") and a or q(a) end
-frag.commit = frag.commit or commit
+frag.commit, frag.date = frag.commit or commit, frag.date or date
 local rec = results.complete(frag, table.concat(shown, " "), root)
 rec.notes[#rec.notes + 1] = ("load average (1, 5, 15 min) before the run %s, after it %s"):format(load0, loadavg())
 local okv, err = pcall(results.validate, rec, cmd[1])
