@@ -24,8 +24,11 @@
 # Usage: bench/bench_llamacpp.sh [--build DIR] [--tokens 512] [--threads 2 | 1,2] [--iters 5]
 #                                [--omp-wait passive|active]
 # Env: PYTHON (a python with llama-cpp-python, gguf, numpy; default /root/nbvenv/bin/python or python3),
-#      NIBBLE_DATA (shared/data), SMOLLM2_Q4_1 (the Q4_1 GGUF), NIBBLE_BENCH_CACHE (dequantized copies).
+#      NIBBLE_DATA (shared/data), SMOLLM2_Q4_1 (the Q4_1 GGUF), NIBBLE_BENCH_CACHE (dequantized copies),
+#      NIBBLE_BENCH_JSON (set by bench/record.lua: the table is also written there, as bench/results/llamacpp.json).
 set -euo pipefail
+json_out="${NIBBLE_BENCH_JSON:-}"
+unset NIBBLE_BENCH_JSON   # bench_pp, run below for each row, would write its own result there
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
@@ -99,9 +102,9 @@ for nt in ${threads//,/ }; do
 done
 
 echo "command: bench/bench_llamacpp.sh --tokens $tokens --threads $threads --iters $iters --omp-wait $omp_wait ($(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load average before $load0, after $(cut -d' ' -f1-3 /proc/loadavg))"
-"$PYTHON" - "$tmp" "$i" <<'EOF'
+"$PYTHON" - "$tmp" "$i" "$json_out" "$omp_wait" <<'EOF'
 import json, sys
-d, n = sys.argv[1], int(sys.argv[2])
+d, n, json_out, omp_wait = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def lc_runs(i):
     return {r["flash_attn"]: r for r in map(json.loads, open(f"{d}/lc{i}").read().split("\n")[:-1])}
 print(f"llama-cpp-python {lc_runs(0)[False]['llama_cpp_python']}; tok/s = prompt tokens / wall time of one forward: "
@@ -112,6 +115,7 @@ hdr = ("model", "compared", "threads", "tokens", "nibble tok/s", "llama.cpp tok/
 print("| " + " | ".join(hdr) + " |")
 print("|" + "|".join("---" for _ in hdr) + "|")
 cell = lambda r: f"{r['pp_tok_s']:.0f} ({r['best_tok_s']:.0f})"
+rows = []
 for i in range(n):
     nb, lc = json.load(open(f"{d}/nb{i}")), lc_runs(i)
     label, what = open(f"{d}/label{i}").read().strip().split("|", 1)
@@ -119,6 +123,18 @@ for i in range(n):
     ams = {r["last_argmax"] for r in lc.values()}
     agree = "yes" if ams == {nb["last_argmax"]} else f"no (nibble {nb['last_argmax']}, llama.cpp {sorted(ams)})"
     agree += f", {lc[False]['max_abs_diff']:.2g} / {lc[True]['max_abs_diff']:.2g} (largest abs logit {lc[False]['ref_absmax']:.3g})"
-    print(f"| {label} | {what} | {nb['threads']} | {nb['tokens']} | {cell(nb)} | {cell(lc[False])} | {cell(lc[True])} | "
-          f"{ratio('pp_tok_s'):.2f} | {ratio('best_tok_s'):.2f} | {ratio('cpu_tok_s'):.2f} | {agree} |")
+    row = [label, what, str(nb["threads"]), str(nb["tokens"]), cell(nb), cell(lc[False]), cell(lc[True]),
+           f"{ratio('pp_tok_s'):.2f}", f"{ratio('best_tok_s'):.2f}", f"{ratio('cpu_tok_s'):.2f}", agree]
+    rows.append(row)
+    print("| " + " | ".join(row) + " |")
+if json_out:   # the fragment bench/record.lua completes (bench/results.lua has the format)
+    frag = {"bench": "llamacpp", "title": "Prompt processing against llama.cpp",
+            "threads": max(int(r[2]) for r in rows),
+            "tables": [{"caption": "tok/s = prompt tokens / wall time of one forward: median of the runs (best run in "
+                                   "brackets); ratios = nibble / the faster llama.cpp setting",
+                        "columns": list(hdr), "rows": rows}],
+            "notes": [f"llama-cpp-python {lc_runs(0)[False]['llama_cpp_python']}, OMP_WAIT_POLICY={omp_wait}",
+                      "ratio (CPU time): from the median process CPU time of all threads (llama.cpp's spinning threads count)"]}
+    with open(json_out, "w") as f:
+        json.dump(frag, f)
 EOF

@@ -6,7 +6,8 @@
  * Usage: bench_pp --model PATH [--tokens 512] [--threads 2] [--iters 5] [--seed 1] [--ids-out FILE]
  *                 [--logits-out FILE]
  * --ids-out writes the prompt's token ids, one per line, so the peer can time the very same prompt;
- * --logits-out the last position's logits (float32, native byte order) so it can check the result. */
+ * --logits-out the last position's logits (float32, native byte order) so it can check the result.
+ * With NIBBLE_BENCH_JSON set (bench/record.lua) it also writes its row there, as bench/results/pp.json. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,32 @@ int main(int argc, char **argv) {
            "\"best_tok_s\": %.1f, \"cpu_tok_s\": %.1f, \"last_argmax\": %lld}\n",
            path, (long long)T, nb_ctx_threads(ctx), iters, t_load, med, best, cpu_med, (double)T / med,
            (double)T / best, (double)T / cpu_med, (long long)am);
+    bench_json js;
+    if (bench_json_open(&js, "pp", "Prompt processing on the CPU (nibble alone)", nb_ctx_threads(ctx)) < 0) {
+        fprintf(stderr, "bench_pp: cannot write $NIBBLE_BENCH_JSON\n");
+        return 1;
+    }
+    static const char *const cols[] = {"model", "prompt tokens", "threads", "tok/s (median)", "tok/s (best)",
+                                       "tok/s per CPU-second", "load s"};
+    char cell[6][32];
+    const char *cells[7] = {path, cell[0], cell[1], cell[2], cell[3], cell[4], cell[5]};
+    snprintf(cell[0], sizeof cell[0], "%lld", (long long)T);
+    snprintf(cell[1], sizeof cell[1], "%d", nb_ctx_threads(ctx));
+    snprintf(cell[2], sizeof cell[2], "%.0f", (double)T / med);
+    snprintf(cell[3], sizeof cell[3], "%.0f", (double)T / best);
+    snprintf(cell[4], sizeof cell[4], "%.0f", (double)T / cpu_med);
+    snprintf(cell[5], sizeof cell[5], "%.3f", t_load);
+    char caption[160];
+    snprintf(caption, sizeof caption, "one forward of %lld random prompt tokens (BOS first, seed %llu), last position's "
+             "logits only; %d timed runs after a warm-up", (long long)T, (unsigned long long)seed, iters);
+    bench_json_table(&js, caption, 7, cols);
+    bench_json_row(&js, 7, cells);
+    bench_json_note(&js, "tok/s = prompt tokens / wall time of one forward; per CPU-second = prompt tokens / process "
+                    "CPU time (all threads) of one forward; the last position's argmax is token %lld", (long long)am);
+    if (bench_json_close(&js)) {
+        fprintf(stderr, "bench_pp: cannot write $NIBBLE_BENCH_JSON\n");
+        return 1;
+    }
     free(times);
     free(tok);
     free(logits);

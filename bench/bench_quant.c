@@ -4,7 +4,8 @@
  * threads, measured in this process. Each case runs twice: "new" (nb_quantize allocates the output
  * each time) and "into" (nb_quantize_into reuses one output, like memcpy's pre-faulted destination).
  * "_cal" cases pass the per-tensor amax (as a calibrated quantizer does), so no amax pass runs.
- * Also prints the bytes each case must move and the amax pass timed alone.
+ * Also prints the bytes each case must move and the amax pass timed alone. With NIBBLE_BENCH_JSON set
+ * (bench/record.lua) it also writes its table there, as bench/results/quant.json.
  * Usage: bench_quant [--threads N] [--reps N] [--rows R] [--cols C] [--input raw_bf16_RxC.bin]
  *                    [--formats a,b,..] [--paths avx512,avx2,reference] [--quick]
  * --cols must be a multiple of 32 (the MXFP8 block); rows of 576 or 896 (SmolLM2-135M's widths) show the
@@ -206,6 +207,18 @@ int main(int argc, char **argv) {
            "traffic at memcpy's best GB/s\n\n");
     printf("%-14s %-9s %-4s %8s %8s %8s %7s %6s %6s %6s %5s %6s\n", "format", "path", "out", "ms", "best ms", "cpu ms",
            "GB/s in", "ratio", "best", "cpu", "MiB", "min ms");
+    bench_json js;
+    char title[160], caption[200];
+    snprintf(title, sizeof title, "Quantizer throughput against memcpy (%lldx%lld BF16)", (long long)ROWS, (long long)COLS);
+    if (bench_json_open(&js, "quant", title, threads) < 0) {
+        fprintf(stderr, "bench_quant: cannot write $NIBBLE_BENCH_JSON\n");
+        return 1;
+    }
+    static const char *const cols[] = {"format", "path", "out", "ms", "best ms", "cpu ms", "GB/s in", "ratio",
+                                       "ratio (best)", "ratio (cpu)", "MiB", "min ms"};
+    snprintf(caption, sizeof caption, "nb_quantize, median of %d runs (reference path: %d); ratio = memcpy time / quantize time",
+             reps, quick ? 1 : 3);
+    bench_json_table(&js, caption, 12, cols);
 
     /* per-block amax for the four_over_six export path: max calibration, every 3rd block at x1.5 */
     nb_tensor *bam = NULL;
@@ -223,7 +236,8 @@ int main(int argc, char **argv) {
     int nf;
     const float data_amax = nbq_fast_absmax(xd, NB_BF16, (int64_t)ROWS * COLS, &nf);
     const double traffic_gbs = 2.0 * gb / cp.best;
-    const char *paths[3] = {"avx512", "avx2", "reference"};
+    const char *paths[3] = {"avx512", "avx2", "reference"}, *skipped[3];
+    int nskipped = 0;
     for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
         if (!wanted(formats, CASES[c].label)) continue;
         nb_qparams p;
@@ -235,15 +249,27 @@ int main(int argc, char **argv) {
             if (!wanted(pathlist, paths[k])) continue;
             if (nb_quant_set_cpu_path(ctx, paths[k])) {
                 printf("%-14s %-9s %s\n", CASES[c].label, paths[k], nb_ctx_last_error(ctx));
+                int seen = 0;
+                for (int i = 0; i < nskipped; i++) seen |= skipped[i] == paths[k];
+                if (!seen) skipped[nskipped++] = paths[k];   /* at most the 3 paths */
                 continue;
             }
             for (int into = 0; into < 2; into++) {
                 if (k == 2 && into) continue;
                 int r = k == 2 ? (quick ? 1 : 3) : reps;
                 timing tq = time_quantize(ctx, x, &p, r, into);
-                printf("%-14s %-9s %-4s %8.3f %8.3f %8.3f %7.2f %6.3f %6.3f %6.3f %5.0f %6.3f\n", CASES[c].label, paths[k],
-                       into ? "into" : "new", tq.wall * 1e3, tq.best * 1e3, tq.cpu * 1e3, gb / tq.best, cp.wall / tq.wall,
-                       cp.best / tq.best, cp.cpu / tq.cpu, mib, mib * 1048576.0 / 1e9 / traffic_gbs * 1e3);
+                const double v[9] = {tq.wall * 1e3, tq.best * 1e3, tq.cpu * 1e3, gb / tq.best, cp.wall / tq.wall,
+                                     cp.best / tq.best, cp.cpu / tq.cpu, mib, mib * 1048576.0 / 1e9 / traffic_gbs * 1e3};
+                static const char *const vf[9] = {"%.3f", "%.3f", "%.3f", "%.2f", "%.3f", "%.3f", "%.3f", "%.0f", "%.3f"};
+                char cell[9][24];
+                const char *cells[12] = {CASES[c].label, paths[k], into ? "into" : "new"};
+                for (int i = 0; i < 9; i++) {
+                    snprintf(cell[i], sizeof cell[i], vf[i], v[i]);
+                    cells[3 + i] = cell[i];
+                }
+                printf("%-14s %-9s %-4s %8s %8s %8s %7s %6s %6s %6s %5s %6s\n", cells[0], cells[1], cells[2], cells[3],
+                       cells[4], cells[5], cells[6], cells[7], cells[8], cells[9], cells[10], cells[11]);
+                bench_json_row(&js, 12, cells);
             }
         }
     }
@@ -264,7 +290,21 @@ int main(int argc, char **argv) {
         double best, med = bench_median(t, reps, &best);
         printf("\namax + NaN/Inf pass alone (reads the %.1f MiB once, %d threads): median %.3f ms, best %.3f ms "
                "(= %.2f of memcpy's best time)\n", (double)bytes / 1048576.0, threads, med * 1e3, best * 1e3, best / cp.best);
+        bench_json_note(&js, "memcpy of the same bytes (destination pre-faulted, reused): median %.3f ms = %.1f GB/s, best "
+                        "%.3f ms = %.1f GB/s of input (%.1f GB/s of read + write traffic)", cp.wall * 1e3, gb / cp.wall,
+                        cp.best * 1e3, gb / cp.best, 2.0 * gb / cp.best);
+        bench_json_note(&js, "amax + NaN/Inf pass alone (reads the input once): median %.3f ms, best %.3f ms (%.2f of "
+                        "memcpy's best time)", med * 1e3, best * 1e3, best / cp.best);
+        bench_json_note(&js, "CPU path chosen at load: %s; out: new = nb_quantize allocates the output each call, into = "
+                        "nb_quantize_into reuses one; MiB = the least traffic the case needs (the input once, or twice "
+                        "when the amax comes from the data, plus the outputs); min ms = that traffic at memcpy's best rate",
+                        nb_quant_cpu_path());
+        for (int i = 0; i < nskipped; i++) bench_json_note(&js, "path %s: not available on this CPU", skipped[i]);
         free(t);
+    }
+    if (bench_json_close(&js)) {
+        fprintf(stderr, "bench_quant: cannot write $NIBBLE_BENCH_JSON\n");
+        return 1;
     }
     free(dst);
     nb_tensor_release(bam);

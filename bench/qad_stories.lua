@@ -15,6 +15,7 @@
 --       [pack=0: one story per row] [eos=0|1: EOS after every story (default: as the tokenizer, none)]
 --       [dump=DIR: write the training rows and validation ids for bench/qad_stories_torch.py, then stop]
 --       [train_eval=1: also score PTQ and QAD on the training text (is the student short of data or of grid?)]
+-- With NIBBLE_BENCH_JSON set (bench/record.lua) the table also goes there, as bench/results/qad_stories.json.
 local nibble = nibble or require("nibble")
 local qad, ptq = nibble.qad, nibble.ptq
 local S = os.getenv("NIBBLE_SHARED_DATA") or "../shared/data"
@@ -36,6 +37,18 @@ local rows = {}
 -- (the training file separates stories with a literal <|endoftext|>, the validation file with blank lines)
 local tr_ids = arg.train_eval and tok:encode_tokens((io.open(S .. "/text/tinystories_train_head_2MiB.txt", "rb"):read("*a")
   :gsub("%s*<|endoftext|>%s*", "\n\n")))
+-- the table as a bench/record.lua fragment, cells formatted as qad.table_text prints them
+local function write_result(caption, notes)
+  local path = os.getenv("NIBBLE_BENCH_JSON")
+  if not path or path == "" then return end
+  local function f(x, fmt) return (x == nil or x ~= x) and "-" or fmt:format(x) end
+  local t = { caption = caption, columns = { "model", "PPL", "KLD", "top-1" }, rows = {} }
+  for _, r in ipairs(rows) do t.rows[#t.rows + 1] = { r.name, f(r.ppl, "%.4f"), f(r.kld, "%.5f"), f(r.top1, "%.2f %%") } end
+  local fh = assert(io.open(path, "wb"))
+  fh:write(nibble.json.encode { bench = "qad_stories", title = "QAD on stories260K (NVFP4 W4A16)", threads = nibble.threads(),
+                                tables = { t }, notes = notes })
+  fh:close()
+end
 local function row(name, model, ids)
   local e = qad.evaluate(model, ids or ev, model ~= teacher and teacher or nil, eopts)
   rows[#rows + 1] = { name = name, ppl = e.ppl, kld = e.kld, top1 = e.top1 }
@@ -101,7 +114,15 @@ if tt ~= 1 then teacher_restore() end
 if mf then mf:close() end
 row("QAD (trained scales)", student)
 if tr_ids then row("QAD, on training text", student, tr_ids) end
-if arg.quick then print(qad.table_text(rows)); return end
+local settings = ("QAD %d steps of %d x %d tokens at lr %g (cosine to %g), seed %d"):format(steps, loader.batch,
+  loader.seq_len, lr, n("min_lr", 0), n("seed", 1))
+local caption = ("stories260K, validation text, ctx %d, %d chunks; %s"):format(eopts.ctx, eopts.chunks, settings)
+local train_note = ("%.0f s of training"):format(tr.seconds)
+if arg.quick then
+  print(qad.table_text(rows))
+  write_result(caption, { train_note })
+  return
+end
 qm:export(out)
 local rb = nibble.model.load(out)
 row("QAD export read back", rb)
@@ -120,3 +141,4 @@ print(("stories260K, valid text, ctx %d, %d chunks; QAD %d steps of %d x %d at l
   eopts.ctx, eopts.chunks, steps, loader.batch, loader.seq_len, lr, n("min_lr", 0), tr.seconds))
 print(qad.table_text(rows))
 print(("(%.1f min)"):format((ptq.now() - t0) / 60))
+write_result(caption, { train_note .. (", %.1f min in all"):format((ptq.now() - t0) / 60) })
