@@ -27,7 +27,7 @@ probe() {
     env "$@" "$NIBBLE" -e 'local ffi = require("ffi"); local nb = require("nibble")
 ffi.cdef("char *openblas_get_corename(void);")
 nb.context()
-io.write(ffi.string(nb.C.nb_simd_level()), " ", ffi.string(ffi.C.openblas_get_corename()), "\n")' 2>&1 | tail -n 1
+io.write(ffi.string(nb.C.nb_simd_level()), " ", ffi.string(ffi.C.openblas_get_corename()), "\n")' 2>&1 | head -n 1
 }
 
 fails=0
