@@ -4,6 +4,8 @@
 # NIBBLE_TEST_SANITIZE=1 also builds the debug preset (ASan+UBSan) and runs ctest there, less the
 # two full-model evaluation runs (perplexity over 100 chunks, ~10x slower under ASan); the same
 # forward/backward code runs under ASan in c.test_model_grad, c.test_model_stories and c.test_qad.
+# Last, scripts/test-cpus.sh reruns the numeric tests on the SIMD levels and OpenBLAS kernel sets of
+# other CPUs (NIBBLE_TEST_CPUS=0 skips it).
 set -eu
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -15,4 +17,7 @@ if [ "${NIBBLE_TEST_SANITIZE:-0}" = 1 ]; then
   cmake --preset debug >/dev/null
   cmake --build build-debug -j"$JOBS"
   ctest --test-dir build-debug --output-on-failure -j"$JOBS" -E '^(c\.test_model_eval|lua\.model)$'
+fi
+if [ "${NIBBLE_TEST_CPUS:-1}" != 0 ]; then
+  ./scripts/test-cpus.sh build
 fi

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "nibble/ctx.h"
+#include "model/internal.h"   /* nb_simd_env_status: a bad NIBBLE_SIMD fails context creation */
 
 #ifndef NIBBLE_VERSION
 #define NIBBLE_VERSION "0.0.0"
@@ -172,15 +173,25 @@ static int default_threads(void) {
     return n > 0 ? (int)n : 1;
 }
 
+/* The message of this thread's last failed nb_ctx_new (there is no context to hold it):
+ * nb_ctx_last_error(NULL) returns it. */
+static _Thread_local char g_new_error[NB_ERRLEN];
+
 nb_status nb_ctx_new(int threads, nb_ctx **out) {
     *out = NULL;
+    g_new_error[0] = 0;
     nb_ctx *c = calloc(1, sizeof *c);
     if (!c) return NB_ERR_NOMEM;
     c->refcount = 1;
     pthread_mutex_init(&c->mem_mu, NULL);
     nb_rng_seed(&c->rng, 0x6e6962626c65ull);  /* "nibble" */
-    nb_status s = nb_ctx_set_threads(c, threads);
-    if (s != NB_OK) { nb_ctx_release(c); return s; }
+    nb_status s = nb_simd_env_status(c);
+    if (s == NB_OK) s = nb_ctx_set_threads(c, threads);
+    if (s != NB_OK) {
+        snprintf(g_new_error, sizeof g_new_error, "%s", c->last_error);
+        nb_ctx_release(c);
+        return s;
+    }
     *out = c;
     return NB_OK;
 }
@@ -194,7 +205,10 @@ void nb_ctx_release(nb_ctx *ctx) {
     free(ctx);
 }
 
-const char *nb_ctx_last_error(const nb_ctx *ctx) { return ctx ? ctx->last_error : "no context"; }
+const char *nb_ctx_last_error(const nb_ctx *ctx) {
+    if (ctx) return ctx->last_error;
+    return g_new_error[0] ? g_new_error : "no context";
+}
 nb_status nb_ctx_last_status(const nb_ctx *ctx) { return ctx ? ctx->last_status : NB_ERR_INVALID; }
 void nb_ctx_clear_error(nb_ctx *ctx) { ctx->last_error[0] = 0; ctx->last_status = NB_OK; }
 

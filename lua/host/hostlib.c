@@ -18,7 +18,10 @@ nb_ctx *nbh_default_ctx(lua_State *L) {
     if (!g_ctx) {
         nb_ctx *c = NULL;
         nb_status s = nb_ctx_new(0, &c);   /* 0: NIBBLE_THREADS or every online CPU */
-        if (s != NB_OK) luaL_error(L, "%s: cannot create the default context", nb_status_name(s));
+        if (s != NB_OK) {   /* a refused request (e.g. a bad NIBBLE_SIMD): raised without a position */
+            lua_pushfstring(L, "cannot create a context: %s", nb_ctx_last_error(NULL));
+            lua_error(L);
+        }
         g_ctx = c;
     }
     return g_ctx;

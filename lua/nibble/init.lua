@@ -87,7 +87,10 @@ local function CTX()
     else
       local out = ffi.new("nb_ctx *[1]")
       local s = C.nb_ctx_new(0, out)                    -- 0: NIBBLE_THREADS or every CPU
-      if s ~= 0 then fail("nibble: cannot create a context: " .. ffi.string(C.nb_status_name(s))) end
+      if s ~= 0 then   -- the message of a failed nb_ctx_new (e.g. a bad NIBBLE_SIMD) is kept per thread
+        fail("nibble: cannot create a context: " .. ffi.string(C.nb_status_name(s)) .. ": "
+             .. ffi.string(C.nb_ctx_last_error(nil)))
+      end
       ctx_ = ffi.gc(out[0], C.nb_ctx_release)
     end
     rawset(M, "ctx", ctx_)

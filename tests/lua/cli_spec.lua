@@ -506,3 +506,29 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
     assert.truthy(out:find("--samples N   calibration rows (default 512", 1, true), out)
   end)
 end)
+
+describe("NIBBLE_SIMD", function()
+  local tmp = nbspec.private_dir()
+  -- a level that is not one (or that this CPU lacks) is refused when the context is created: one line,
+  -- exit 1, nothing written; never a silent fallback to another level
+  it("a value that is not a SIMD level is one line and exit code 1, before any work", function()
+    local msg = "NIBBLE_SIMD='avx3' is not a SIMD level: expected auto, avx512, avx2 or scalar (unset it for auto)\n"
+    local out, err, rc = nbspec.nibble({ "quantize", "--model", tmp, "--format", "fp8", "--out", tmp .. "/q" }, nil,
+                                       { NIBBLE_SIMD = "avx3" })
+    assert.are.equal("nibble quantize: cannot create a context: " .. msg, err)
+    assert.are.equal(1, rc)
+    assert.are.equal("", out)
+    assert.is_false(nbspec.exists(tmp .. "/q/config.json"))
+    -- nibble -e shows a traceback after any error (as for error('x')); its first line is the message
+    out, err, rc = nbspec.nibble({ "-e", "require('nibble').zeros({2})" }, nil, { NIBBLE_SIMD = "avx3" })
+    assert.are.equal("nibble: cannot create a context: " .. msg, err:match("^[^\n]*\n"))
+    assert.are.equal(1, rc)
+  end)
+  it("scalar is honoured on any CPU (nb_simd_level says which table runs)", function()
+    local out, err, rc = nbspec.nibble({ "-e", "local nb = require('nibble'); nb.context(); "
+                                         .. "io.write(require('ffi').string(nb.C.nb_simd_level()))" }, nil,
+                                       { NIBBLE_SIMD = "scalar" })
+    assert.are.equal("scalar", out, err)
+    assert.are.equal(0, rc)
+  end)
+end)

@@ -85,11 +85,17 @@ describe("compressed-tensors read-back equals compressed-tensors' decompression"
       -- kv_cache_scheme and loaded nibble's tensors into them, with these values
       if case == "fp8_kv" then
         assert.are.same(g.kv_cache_scheme, cfg.quantization_config.kv_cache_scheme)
+        -- The scales come from a calibration forward, whose float32 sums round differently with
+        -- each OpenBLAS kernel set and SIMD level: equal within the bound that order allows
+        -- (nbspec.kv_order_tol), every other tensor to the byte.
         local got, n_kv = nibble.load(o.out), 0
         for name, e in pairs(g.kv_scales) do
           assert.are.same(e.shape, got:info(name).shape, name)
-          local v = ffi.new("float[1]", e.value)
-          assert.are.equal(v[0], got[name]:data("const float *")[0], name)
+          local want = ffi.new("float[1]", e.value)[0]
+          local v, l = got[name]:data("const float *")[0], tonumber(name:match("layers%.(%d+)%."))
+          local tol = nbspec.kv_order_tol(cfg, l, tonumber(o.seq_len))
+          assert.is_true(math.abs(v - want) <= tol * want,
+                         ("%s: %.9g vs %.9g, relative %.3g > %.3g"):format(name, v, want, math.abs(v - want) / want, tol))
           n_kv = n_kv + 1
         end
         assert.are.equal(10, n_kv)

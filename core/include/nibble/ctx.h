@@ -21,13 +21,16 @@ typedef struct nb_mem_stats {
     int64_t n_allocs;     /* number of nb_alloc calls so far */
 } nb_mem_stats;
 
-/* Create a context. threads <= 0 picks the number of online CPUs. */
+/* Create a context. threads <= 0 picks the number of online CPUs. Fails (NB_ERR_INVALID or
+ * NB_ERR_UNSUPPORTED) when NIBBLE_SIMD names a level that is not one or that this CPU lacks; the
+ * message is then nb_ctx_last_error(NULL) on the calling thread. */
 nb_status nb_ctx_new(int threads, nb_ctx **out);
 /* Contexts are refcounted: buffers hold a reference so they may outlive the caller's handle. */
 void nb_ctx_retain(nb_ctx *ctx);
 void nb_ctx_release(nb_ctx *ctx);
 
-/* Message of the last failing call on this context ("" if none). */
+/* Message of the last failing call on this context ("" if none); with NULL, the message of this
+ * thread's last failed nb_ctx_new ("no context" if none). */
 const char *nb_ctx_last_error(const nb_ctx *ctx);
 nb_status nb_ctx_last_status(const nb_ctx *ctx);
 void nb_ctx_clear_error(nb_ctx *ctx);

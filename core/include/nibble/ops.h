@@ -25,6 +25,10 @@ typedef struct nb_attn_dims {
 
 /* --- fast float32 ops ------------------------------------------------------------------------- */
 
+/* The row kernels' SIMD level in use, process-wide: "avx512", "avx2" or "scalar" (the best this CPU
+ * has, unless NIBBLE_SIMD=auto|avx512|avx2|scalar forces one; see nb_ctx_new). */
+const char *nb_simd_level(void);
+
 /* out[i,:] = table[tokens[i],:]. Token ids out of [0, vocab) are NB_ERR_INVALID. */
 nb_status nb_op_embedding_fwd(nb_ctx *ctx, const float *table, int64_t vocab, const int32_t *tokens,
                               int64_t n, int64_t d, float *out);

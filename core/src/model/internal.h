@@ -47,7 +47,13 @@ typedef struct nb_simd_table {
 } nb_simd_table;
 extern nb_simd_table nb_simd;
 void nb_simd_ensure(void);
-/* Tests: force "scalar" or "avx2" (when the CPU has it); returns the name now in use. */
+/* NB_OK, or the error a bad NIBBLE_SIMD left when the table was chosen (nb_ctx_new returns it). */
+nb_status nb_simd_env_status(nb_ctx *ctx);
+/* The level NIBBLE_SIMD=value selects on a CPU whose best level is cpu_level (0 scalar, 1 avx2,
+ * 2 avx512): *level is its name, or the best one and an error for a value that is not a level or
+ * a level above cpu_level (a pure function, so tests can ask for CPUs other than this one). */
+nb_status nb_simd_select(nb_ctx *ctx, const char *value, int cpu_level, const char **level);
+/* Tests: force "scalar", "avx2" or "avx512" (when the CPU has it); returns the name now in use. */
 const char *nb_simd_force(const char *name);
 
 enum { NB_LIN_PER_LAYER = 7 };

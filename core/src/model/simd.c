@@ -1,9 +1,12 @@
 /* Row kernels with runtime CPU dispatch: AVX-512 or AVX2+FMA on x86-64 machines that have them,
  * portable C otherwise. They are the exp/max/dot loops a compiler will not vectorize on its own without
  * -ffast-math (reductions, clamps), used by softmax, SwiGLU, RMSNorm and cross-entropy in ops.c.
- * nb_simd_force() lets the tests run both paths on one machine and compare them. */
+ * NIBBLE_SIMD=auto|avx512|avx2|scalar forces a level for the whole process (checked by nb_ctx_new);
+ * nb_simd_force() lets the tests run every path on one machine and compare them. */
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/internal.h"
@@ -718,16 +721,58 @@ static int have_avx512(void) { return have_avx2() && __builtin_cpu_supports("avx
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+/* NIBBLE_SIMD (unset, empty or "auto" = the best level this CPU has) forces a level, read once here
+ * where the table is chosen, so one machine can run the paths other CPUs take. A value that is not
+ * a level, or a level this CPU (or build) lacks, leaves the auto table in place and an error that
+ * nb_ctx_new returns (nb_simd_env_status): never a silent fallback to another level. */
+static nb_status g_env_status;
+static char g_env_value[64];
+static int g_cpu_level;   /* 0 scalar, 1 avx2, 2 avx512: the best this CPU and build run */
+
+nb_status nb_simd_select(nb_ctx *ctx, const char *value, int cpu_level, const char **level) {
+    static const char *const names[3] = {"scalar", "avx2", "avx512"};
+    static const char *const valid[3] = {"auto, scalar", "auto, avx2, scalar", "auto, avx512, avx2, scalar"};
+    *level = names[cpu_level];
+    if (!value || !*value || !strcmp(value, "auto")) return NB_OK;
+    for (int l = 0; l < 3; l++) {
+        if (strcmp(value, names[l]) != 0) continue;
+        if (l > cpu_level)
+            return nb_fail(ctx, NB_ERR_UNSUPPORTED, "NIBBLE_SIMD='%s': this CPU (or this build) lacks %s; valid values "
+                           "here are %s", value, l == 1 ? "AVX2+FMA" : "AVX-512F", valid[cpu_level]);
+        *level = names[l];
+        return NB_OK;
+    }
+    return nb_fail(ctx, NB_ERR_INVALID, "NIBBLE_SIMD='%.60s' is not a SIMD level: expected auto, avx512, avx2 or scalar "
+                   "(unset it for auto)", value);
+}
+
 static void simd_init(void) {
-    nb_simd = k_scalar;
 #ifdef NB_HAVE_AVX2_PATH
     __builtin_cpu_init();
-    if (have_avx512()) nb_simd = k_avx512;
-    else if (have_avx2()) nb_simd = k_avx2;
+    g_cpu_level = have_avx512() ? 2 : have_avx2() ? 1 : 0;
+#endif
+    const char *env = getenv("NIBBLE_SIMD"), *level = NULL;
+    g_env_status = nb_simd_select(NULL, env, g_cpu_level, &level);
+    if (g_env_status) snprintf(g_env_value, sizeof g_env_value, "%.60s", env);
+    nb_simd = k_scalar;
+#ifdef NB_HAVE_AVX2_PATH
+    if (!strcmp(level, "avx512")) nb_simd = k_avx512;
+    else if (!strcmp(level, "avx2")) nb_simd = k_avx2;
 #endif
 }
 
 void nb_simd_ensure(void) { pthread_once(&g_once, simd_init); }
+
+nb_status nb_simd_env_status(nb_ctx *ctx) {
+    nb_simd_ensure();
+    const char *level;
+    return g_env_status ? nb_simd_select(ctx, g_env_value, g_cpu_level, &level) : NB_OK;
+}
+
+const char *nb_simd_level(void) {
+    nb_simd_ensure();
+    return nb_simd.name;
+}
 
 const char *nb_simd_force(const char *name) {
     nb_simd_ensure();
