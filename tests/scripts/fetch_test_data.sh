@@ -10,7 +10,7 @@ src=${NIBBLE_SOURCE_DIR:-.}
 data=${NIBBLE_SHARED_DATA:-../shared/data}
 fetch=$src/scripts/fetch-test-data.sh
 if [ ! -d "$data" ]; then
-  echo "SKIP (test data): $data is absent; scripts/fetch-test-data.sh fetches it"
+  echo "SKIP (test data): $data is absent (scripts/fetch-test-data.sh)"
   exit 77
 fi
 
@@ -25,7 +25,7 @@ same() {  # what got want
 out=$(NIBBLE_TEST_DATA=$data "$fetch" --check 2>/dev/null); rc=$?
 if [ $rc -ne 0 ]; then
   if ! printf '%s\n' "$out" | grep -qv ': missing$'; then
-    echo "SKIP (test data): $(printf '%s\n' "$out" | wc -l | tr -d ' ') files are absent from $data; scripts/fetch-test-data.sh fetches the verbatim ones"
+    echo "SKIP (test data): $(printf '%s\n' "$out" | wc -l | tr -d ' ') files are absent from $data (scripts/fetch-test-data.sh)"
     exit 77
   fi
   printf 'FAIL: --check on %s (exit %s):\n%s\n' "$data" "$rc" "$out"
