@@ -8,7 +8,8 @@
 #   scripts/fetch-test-data.sh --check   only check: one line per missing or wrong file, exit 1 if any
 #   scripts/fetch-test-data.sh --list    print the list: path, size, sha256, source
 #
-# Verbatim files come from pinned GitHub commits (raw URLs). Derived files (stories260K's HF folder,
+# Verbatim files come from GitHub raw URLs at pinned commits (llama2.c's tokenizer.model at master:
+# its sha256 pins it; stories260K.gguf also from Hugging Face if GitHub fails). Derived files (stories260K's HF folder,
 # llama2.c files, quantized GGUFs, reference outputs, the Brown corpus text) were made from public files
 # by steps that need tools nibble does not depend on (torch, llama.cpp, gguf-py); they cannot be fetched,
 # and the line for each says what it was made from. A file whose sha256 matches is never touched; a
@@ -95,7 +96,7 @@ problem() {  # path size sha256
 # Downloads one file to a temporary name beside it and moves it in place once its sha256 matches.
 fetch() {  # path size sha256 urls
   case "$4" in derived:*)
-    echo "$1: cannot be fetched (${4#derived: }: see the data folder's README.md)"; return 1 ;;
+    echo "$1: cannot be fetched, it is derived (${4#derived: }); copy it from a complete test data folder"; return 1 ;;
   esac
   if ! command -v curl >/dev/null 2>&1; then echo "$1: cannot be fetched: curl is not installed"; return 1; fi
   mkdir -p "$(dirname "$dir/$1")" 2>/dev/null || { echo "$1: cannot create $(dirname "$dir/$1")"; return 1; }
@@ -103,8 +104,13 @@ fetch() {  # path size sha256 urls
   for url in $4; do
     if err=$(curl -fsSL --retry 2 --connect-timeout 20 -o "$tmp" "$url" </dev/null 2>&1); then
       got=$(sha256sum <"$tmp" | cut -d' ' -f1)
-      if [ "$got" = "$3" ] && mv -f "$tmp" "$dir/$1"; then echo "$1: fetched from $url"; return 0; fi
-      echo "$1: $url gave sha256 $got, expected $3"
+      if [ "$got" != "$3" ]; then
+        echo "$1: $url gave sha256 $got, expected $3"
+      elif mv -f "$tmp" "$dir/$1" 2>/dev/null; then
+        echo "$1: fetched from $url"; return 0
+      else
+        echo "$1: cannot write $dir/$1"; rm -f "$tmp"; return 1
+      fi
     else
       echo "$1: cannot download $url ($(echo "$err" | head -n 1))"
     fi

@@ -76,9 +76,9 @@ gh=https://raw.githubusercontent.com
 out=$(PATH=$tmp/bin:$PATH NIBBLE_TEST_DATA=$copy "$fetch" 2>"$tmp/err"); rc=$?
 same "fetch exit code (derived files stay missing)" "$rc" 1
 same "fetch lines" "$out" "stories260K/tok512.bin: missing
-stories260K/tok512.bin: cannot be fetched (llama2.c tokenizer file rebuilt from stories260K.gguf's vocab and scores: see the data folder's README.md)
+stories260K/tok512.bin: cannot be fetched, it is derived (llama2.c tokenizer file rebuilt from stories260K.gguf's vocab and scores); copy it from a complete test data folder
 stories260K/reference/summary.json: sha256 0f1a005d9e1a6cf24c78e4de7fea2c1286d67e28fecfaeb8ae201338af7a158c, expected 0692d17f7cd09785900ae1d8304e4be150780d2a2abe9be786938d8058ac801e
-stories260K/reference/summary.json: cannot be fetched (outputs of an independent float64 torch forward of stories260K on text/tinystories_valid_head_776KiB.txt: see the data folder's README.md)
+stories260K/reference/summary.json: cannot be fetched, it is derived (outputs of an independent float64 torch forward of stories260K on text/tinystories_valid_head_776KiB.txt); copy it from a complete test data folder
 text/tinystories_valid_head_776KiB.txt: size 1000, expected 794375
 text/tinystories_valid_head_776KiB.txt: fetched from $gh/yuninxia/moe-routing-bench/6877be50c1c389c73047d7f27104bee6a995efd6/data/tinystories_val.txt
 tokenizers/llama2-32k/tokenizer.model: missing
