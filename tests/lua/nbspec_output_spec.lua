@@ -15,36 +15,30 @@ local function run(mode, data)
   return out:match("\n(busted: .*)$") or (out .. err), code
 end
 
+-- The data skip line the handler prints for `n` cases, naming `what`.
+local function data_skip(n, what)
+  return ("busted: %d skipped: test data absent: %s (scripts/fetch-test-data.sh)\n"):format(n, what)
+end
+
 describe("nbspec_output", function()
   local absent = tmp .. "/no-such-folder"
-
-  it("exits 77 when every case skipped, naming the absent folder", function()
-    local tail, code = run("all", absent)
-    assert.are.equal(77, code)
-    assert.are.equal("busted: 2 skipped: test data absent: " .. absent .. " (scripts/fetch-test-data.sh)\n" ..
-                     "busted: 0 passed, 0 failed, 2 skipped (2 for missing test data)\n", tail)
-  end)
-
-  it("names the missing files when the folder exists", function()
-    local tail, code = run("all", tmp)
-    assert.are.equal(77, code)
-    assert.are.equal("busted: 2 skipped: test data absent: text/fixture.txt, fixture-model in " .. tmp ..
-                     " (scripts/fetch-test-data.sh)\n" ..
-                     "busted: 0 passed, 0 failed, 2 skipped (2 for missing test data)\n", tail)
-  end)
-
-  it("counts skips beside passes, and tells a data skip from another", function()
-    local tail, code = run("some", absent)
-    assert.are.equal(0, code)
-    assert.are.equal("busted: 2 skipped: test data absent: " .. absent .. " (scripts/fetch-test-data.sh)\n" ..
-                     "busted: 1 skipped: not here\n" ..
-                     "busted: 1 passed, 0 failed, 3 skipped (2 for missing test data)\n", tail)
-  end)
-
-  it("fails a spec with a failure, skips or not", function()
-    local tail, code = run("fail", absent)
-    assert.are.equal(1, code)
-    assert.are.equal("busted: 2 skipped: test data absent: " .. absent .. " (scripts/fetch-test-data.sh)\n" ..
-                     "busted: 0 passed, 1 failed, 2 skipped (2 for missing test data)\n", tail)
-  end)
+  local cases = {
+    { "exits 77 when every case skipped, naming the absent folder", "all", absent, 77,
+      data_skip(2, absent) .. "busted: 0 passed, 0 failed, 2 skipped (2 for missing test data)\n" },
+    { "names the missing files when the folder exists", "all", tmp, 77,
+      data_skip(2, "text/fixture.txt, fixture-model in " .. tmp) ..
+      "busted: 0 passed, 0 failed, 2 skipped (2 for missing test data)\n" },
+    { "counts skips beside passes, and tells a data skip from another", "some", absent, 0,
+      data_skip(2, absent) .. "busted: 1 skipped: not here\n" ..
+      "busted: 1 passed, 0 failed, 3 skipped (2 for missing test data)\n" },
+    { "fails a spec with a failure, skips or not", "fail", absent, 1,
+      data_skip(2, absent) .. "busted: 0 passed, 1 failed, 2 skipped (2 for missing test data)\n" },
+  }
+  for _, c in ipairs(cases) do
+    it(c[1], function()
+      local tail, code = run(c[2], c[3])
+      assert.are.equal(c[4], code)
+      assert.are.equal(c[5], tail)
+    end)
+  end
 end)
