@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 skips() {
   log=$1/Testing/Temporary/LastTest.log
   [ -f "$log" ] || { echo "scripts/test.sh: no ctest log in $1" >&2; return 1; }
-  data=$(sed -n 's/^NIBBLE_SHARED_DATA:PATH=//p' "$1/CMakeCache.txt" 2>/dev/null)
+  data=$(sed -n 's/^NIBBLE_SHARED_DATA:[A-Z]*=//p' "$1/CMakeCache.txt" 2>/dev/null)
   awk -v data="$data" '
     function flush() {
       if (name == "") return

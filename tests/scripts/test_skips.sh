@@ -8,7 +8,7 @@ src=${NIBBLE_SOURCE_DIR:-.}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nibble-skips-XXXXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/Testing/Temporary"
-echo "NIBBLE_SHARED_DATA:PATH=/data" >"$tmp/CMakeCache.txt"
+echo "NIBBLE_SHARED_DATA:UNINITIALIZED=/data" >"$tmp/CMakeCache.txt"   # the type a bare -D leaves
 
 block() {  # index name output-lines...
   i=$1 name=$2; shift 2
