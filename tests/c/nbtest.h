@@ -1,5 +1,5 @@
 /* A tiny test harness for nibble's C unit tests: CHECK macros that count and report failures,
- * a shared-data path helper that skips (exit 77) when ../shared/data is absent, and the small
+ * test data path helpers that skip (exit 77, or a part) and say which file is absent, and the small
  * helpers bit-exact tests share (float bits, a seeded RNG, byte comparison with CHECK_SAME). */
 #ifndef NBTEST_H
 #define NBTEST_H
@@ -41,8 +41,10 @@ static inline int nbt_done(const char *name) {
     return nbt_failures ? 1 : 0;
 }
 
-/* Path under ../shared/data, or skip the whole test (exit 77) if it is missing. */
-static inline const char *nbt_data(const char *rel) {
+/* Path of a test data file (under $NIBBLE_SHARED_DATA, which ctest sets, else ../shared/data), or
+ * NULL after printing that `part` of the test is skipped because the file is absent. scripts/test.sh
+ * counts the "SKIP (test data" lines; scripts/fetch-test-data.sh lists and fetches the files. */
+static inline const char *nbt_data_part(const char *rel, const char *part) {
     static char buf[8][4096];
     static int k = 0;
     const char *root = getenv("NIBBLE_SHARED_DATA");
@@ -50,11 +52,19 @@ static inline const char *nbt_data(const char *rel) {
     snprintf(out, 4096, "%s/%s", root ? root : "../shared/data", rel);
     FILE *f = fopen(out, "rb");
     if (!f) {
-        printf("SKIP: shared data file %s is absent\n", out);
-        exit(77);
+        printf("SKIP (test data%s%s): %s is absent (scripts/fetch-test-data.sh)\n", part ? ", part: " : "",
+               part ? part : "", out);
+        return NULL;
     }
     fclose(f);
     return out;
+}
+
+/* Path of a test data file, or skip the whole test (exit 77) saying which file is absent. */
+static inline const char *nbt_data(const char *rel) {
+    const char *p = nbt_data_part(rel, NULL);
+    if (!p) exit(77);
+    return p;
 }
 
 /* Path under the source tree (tests run from the source root; NIBBLE_SOURCE_DIR wins). */

@@ -619,15 +619,6 @@ static void test_sharded_roundtrip(nb_ctx *ctx) {
 
 /* ---- the real stories260K checkpoint ---------------------------------------------------------- */
 
-static int shared_present(const char *rel) {
-    char p[4096];
-    const char *root = getenv("NIBBLE_SHARED_DATA");
-    snprintf(p, sizeof p, "%s/%s", root ? root : "../shared/data", rel);
-    FILE *f = fopen(p, "rb");
-    if (f) fclose(f);
-    return f != NULL;
-}
-
 static uint32_t f32_bits(const nb_tensor *t, int64_t i, int64_t j) {
     uint32_t u;
     memcpy(&u, (const unsigned char *)nb_tensor_data(t) + i * t->strides[0] + j * t->strides[1], 4);
@@ -635,11 +626,8 @@ static uint32_t f32_bits(const nb_tensor *t, int64_t i, int64_t j) {
 }
 
 static void test_stories260k(nb_ctx *ctx) {
-    if (!shared_present("stories260K/hf/model.safetensors")) {
-        printf("SKIP (part): stories260K/hf/model.safetensors is absent\n");
-        return;
-    }
-    const char *path = nbt_data("stories260K/hf/model.safetensors");
+    const char *path = nbt_data_part("stories260K/hf/model.safetensors", "the real stories260K checkpoint");
+    if (!path) return;
     nb_st *st = NULL;
     CHECK_OK(ctx, nb_st_open(ctx, path, &st));
     if (!st) return;

@@ -38,7 +38,7 @@ end
 describe("compressed-tensors read-back equals compressed-tensors' decompression", function()
   for _, case in ipairs { "w4a16", "mxfp8", "fp8_per_channel", "fp8", "mixed", "fp8_kv" } do
     it(case, function()
-      if not stories or not train then pending("../shared/data is absent") return end
+      if not nbspec.need(stories, train) then return end
       local g = nibble.json.decode(nbspec.read(golden .. "/" .. case .. ".json"))
       local o = options(g.nibble_args)
       o.model, o.out = stories, tmp .. "/" .. case

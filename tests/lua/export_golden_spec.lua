@@ -47,7 +47,7 @@ end
 
 describe("FP8 KV cache fake quant equals ModelOpt's", function()
   it("the same K/V amaxes give the NLL ModelOpt's k/v_bmm_quantizers give (weights unquantized)", function()
-    if not stories then pending("../shared/data is absent") return end
+    if not nbspec.need(stories) then return end
     local g = nibble.json.decode(nbspec.read(golden .. "/w4a16_kv.json"))
     local ids = nibble.json.decode(nbspec.read(nbspec.data("stories260K/reference/valid_chunk0.json"))).ids
     local m = nibble.model.load(stories)
@@ -90,7 +90,7 @@ end)
 describe("export equals ModelOpt's export_hf_checkpoint", function()
   for _, case in ipairs { "w4a16", "nvfp4", "mxfp8", "fp8", "mixed", "w4a16_kv" } do
     it(case, function()
-      if not stories then pending("../shared/data is absent") return end
+      if not nbspec.need(stories) then return end
       local g = nibble.json.decode(nbspec.read(golden .. "/" .. case .. ".json"))
       local m = nibble.model.load(stories)
       local qm = qmodel.new(m)

@@ -1,7 +1,8 @@
--- Helpers shared by the busted specs in tests/lua: shared-data paths (nil when ../shared/data is
--- absent, so specs pend, with `need`), running the built `nibble` program with its stdout, stderr and
--- exit code, temporary files and directories, shell quoting, `err_of` for expected errors, and
--- `kv_order_tol`, how far a calibrated K/V amax may move with the summation order.
+-- Helpers shared by the busted specs in tests/lua: test data paths (nil when a file of the test data
+-- folder is absent, so that a case skips with `need`, naming the files), running the built `nibble`
+-- program with its stdout, stderr and exit code, temporary files and directories, shell quoting,
+-- `err_of` for expected errors, and `kv_order_tol`, how far a calibrated K/V amax may move with the
+-- summation order.
 local M = {}
 
 M.source_dir = os.getenv("NIBBLE_SOURCE_DIR") or "."
@@ -15,11 +16,30 @@ function M.exists(path)
   return false
 end
 
--- Path of a shared-data file, or nil when it is missing.
+-- Test data files this spec asked for and did not find, in order: `need` names them.
+M.missing = {}
+
+-- Path of a test data file (or of a model folder), or nil when it is missing.
 function M.data(rel)
   local p = M.shared .. "/" .. rel
   if M.exists(p) or M.exists(p .. "/config.json") then return p end
+  for _, m in ipairs(M.missing) do
+    if m == rel then return nil end
+  end
+  M.missing[#M.missing + 1] = rel
   return nil
+end
+
+-- The start of every skip message for missing test data (nbspec_output.lua counts those skips).
+M.DATA_SKIP = "test data absent: "
+
+-- Why a case that needs test data cannot run: the folder, or the files of it this spec found missing.
+function M.data_absent()
+  local what = M.shared
+  if M.exists(M.shared) and #M.missing > 0 then
+    what = table.concat(M.missing, ", ") .. " in " .. M.shared
+  end
+  return M.DATA_SKIP .. what .. " (scripts/fetch-test-data.sh)"
 end
 
 function M.quote(s)
@@ -103,17 +123,24 @@ function M.nibble(args, stdin, env)
   return M.sh(prefix .. M.quote(M.bin) .. " " .. table.concat(parts, " "), stdin)
 end
 
--- `if not nbspec.need(a, b) then return end` at the top of an `it`: marks the spec pending (it
--- cannot run without ../shared/data) when any argument is nil.
+-- `if not nbspec.need(a, b) then return end` at the top of an `it`: when any argument is nil (a test
+-- data path that `data` did not find), the case is skipped (busted's pending), saying which files.
 function M.need(...)
   for i = 1, select("#", ...) do
     if not select(i, ...) then
       local pending = getfenv(2).pending or pending   -- busted's, from the calling spec
-      pending("../shared/data is absent")
+      pending(M.data_absent())
       return false
     end
   end
   return true
+end
+
+-- A case that runs in part without test data says so (the closing line of the spec counts it).
+M.parts = 0
+function M.skip_part(what)
+  M.parts = M.parts + 1
+  print("SKIP (test data, part: " .. what .. "): " .. M.data_absent())
 end
 
 -- The message of the error f(...) raises; fails the spec when it raises none.

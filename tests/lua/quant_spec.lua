@@ -179,7 +179,7 @@ describe("nibble.quant quantizers", function()
 
   it("reports the error per block of a real weight", function()
     local path = nbspec.data("stories260K/hf")
-    if not path then pending("shared data absent") return end
+    if not nbspec.need(path) then return end
     local w = nibble.load(path):get("model.layers.0.self_attn.q_proj.weight"):to("bf16")
     local q = nibble.quant.nvfp4 { name = "q_proj" }
     q:calibrate(w)

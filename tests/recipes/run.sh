@@ -1,10 +1,10 @@
 #!/bin/sh
 # Recipe dry-run driver: run a command, put stdout+stderr (shared-data paths replaced by $DATA) next
 # to an expected file and compare them exactly, and check the exit code.
-# usage: run.sh EXPECTED RC CMD ARGS...   (skips with 77 when ../shared/data is absent)
+# usage: run.sh EXPECTED RC CMD ARGS...   (skips with 77, saying so, when the test data is absent)
 exp=$1; want=$2; shift 2
 data=${NIBBLE_SHARED_DATA:-../shared/data}
-[ -f "$data/stories260K/hf/model.safetensors" ] || { echo "SKIP: $data/stories260K is absent"; exit 77; }
+[ -f "$data/stories260K/hf/model.safetensors" ] || { echo "SKIP (test data): $data/stories260K/hf/model.safetensors is absent (scripts/fetch-test-data.sh)"; exit 77; }
 out=$("$@" 2>&1); rc=$?
 actual=${TMPDIR:-/tmp}/nb_recipe_$$.txt
 printf '%s\n' "$out" | sed "s|$data|\$DATA|g" > "$actual"
