@@ -33,20 +33,28 @@ volatile sig_atomic_t nbh_prompt_interrupt;
 /* ---- Ctrl-C --------------------------------------------------------------------------------- */
 
 static void lstop(lua_State *L, lua_Debug *ar) {
-    /* Functions the Lua side marked critical (they move ownership of C objects) finish first:
-     * the hook stays armed and fires at the first instruction outside them. */
-    if (lua_getinfo(L, "f", ar)) {
+    /* Functions the Lua side marked critical (they move ownership of C objects, or keep a step and
+     * its record together) finish first, with everything they call: the hook stays armed and fires
+     * at the first instruction outside them. */
+    (void)ar;
+    lua_Debug frame;
+    for (int level = 0; lua_getstack(L, level, &frame); level++) {
+        if (!lua_getinfo(L, "f", &frame)) continue;
         int critical = nbh_is_critical(L, -1);
         lua_pop(L, 1);
         if (critical) return;
     }
     lua_sethook(L, NULL, 0, 0);
-    /* The interrupt is delivered now, as a Lua error: later C calls must not see it again. */
     nb_ctx *ctx = nbh_ctx_if_created();
-    if (ctx) nb_ctx_clear_interrupt(ctx);
+    int delivered = ctx && !nb_ctx_interrupted(ctx);
     g_sigints = 0;
     g_warned = 0;
     alarm(0);
+    /* A nibble call already raised this interrupt as an error (nibble.check clears the context's
+     * flag when it does): once is enough, or a handler that saves a checkpoint would be cut short. */
+    if (delivered) return;
+    /* The interrupt is delivered now, as a Lua error: later C calls must not see it again. */
+    if (ctx) nb_ctx_clear_interrupt(ctx);
     lua_pushstring(L, "interrupted");   /* the traceback says where */
     lua_error(L);
 }

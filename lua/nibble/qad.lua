@@ -158,9 +158,12 @@ end
 
 -- step(): one optimizer step on the loader's next grad_accum batches -> metrics {step, loss, kd, ce, lr,
 -- grad_norm, tokens, seen, seconds, tokens_per_s, skipped, recalibrated}.
+-- A Ctrl-C that arrives once the step is done stays pending (raised by the next check or the host's
+-- hook), so the caller still gets the metrics of the step it completed.
 function Run:step()
   local m = ffi.new("nb_qad_metrics")
-  check(C.nb_qad_step(ctx(), rp(self), m))
+  local s = C.nb_qad_step(ctx(), rp(self), m)
+  if s ~= 0 then check(s) end
   return metrics_of(m)
 end
 
@@ -633,13 +636,19 @@ function Q.train(run, o)
     if o.before_save then o.before_save() end
     run:save(ckdir)
   end
+  -- A completed step and its metrics row go together: Ctrl-C is held until both are done, so the
+  -- checkpoint saved on an interrupt never holds a step whose row was not recorded.
+  local step_recorded = nibble.critical(function()
+    local m = run:step()
+    m.elapsed = now() - t_train
+    history[#history + 1] = m
+    record(m)
+    progress(m)
+    return m
+  end)
   local ok, err = pcall(function()
     while not run:done() do
-      local m = run:step()
-      m.elapsed = now() - t_train
-      history[#history + 1] = m
-      record(m)
-      progress(m)
+      local m = step_recorded()
       if every_ck > 0 and m.step % every_ck == 0 and not run:done() then save() end
       if o.eval and every_eval > 0 and m.step % every_eval == 0 and not run:done() then
         local e = o.eval()
