@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden renders of chat templates for lua/nibble/chat.lua (tests/lua/chat_spec.lua): the chat templates of
-the common instruct model families (SmolLM2 / ChatML, Llama 3, Qwen2, Qwen2.5 with its tool branches, Mistral,
+the common instruct model families (SmolLM2 / ChatML, Llama 2, Llama 3, Qwen2, Qwen2.5 with its tool branches, Mistral,
 Gemma, Phi-3, copied from their tokenizer_config.json) and a few templates that exercise the rest of the Jinja
 subset, each rendered over several message lists, with and without add_generation_prompt, by transformers' own
 renderer (render_jinja_template: the one apply_chat_template calls; Jinja with trim_blocks and lstrip_blocks).
@@ -28,6 +28,8 @@ TEMPLATES = {
         "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
         "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
     ),
+    # meta-llama/Llama-2-7b-chat-hf (as in ../shared/data/tokenizers/llama2-32k/tokenizer_config.json)
+    "llama2": "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% elif USE_DEFAULT_PROMPT == true and not '<<SYS>>' in messages[0]['content'] %}{% set loop_messages = messages %}{% set system_message = 'DEFAULT_SYSTEM_MESSAGE' %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'system' %}{{ '<<SYS>>\n' + content.strip() + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}",
     # meta-llama/Meta-Llama-3-8B-Instruct
     "llama3": (
         "{% set loop_messages = messages %}{% for message in loop_messages %}"
@@ -173,6 +175,7 @@ ASSISTANT:
 
 TOKENS = {
     "smollm2": ("<|im_start|>", "<|im_end|>"),
+    "llama2": ("<s>", "</s>"),
     "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
     "qwen2": (None, "<|im_end|>"),
     "qwen2.5": (None, "<|im_end|>"),

@@ -1,7 +1,8 @@
 -- nibble.chat: chat templates rendered byte for byte as transformers renders them (the golden renders in
--- tests/golden/data/chat_golden.json, made by tests/golden/gen_chat_golden.py: SmolLM2, Llama 3, Qwen2,
+-- tests/golden/data/chat_golden.json, made by tests/golden/gen_chat_golden.py: SmolLM2, Llama 2/3, Qwen2,
 -- Qwen2.5, Mistral, Gemma, Phi-3 and two templates for the rest of the Jinja subset), raise_exception's
--- message as the error, and a one-line error naming each construct the renderer does not support.
+-- message as the error, and a one-line error naming each construct the renderer does not support; the
+-- template found beside a tokenizer or in a GGUF; `nibble generate` answering in the template (stories260K).
 local json = require("nibble.json")
 local chat = require("nibble.chat")
 local nbspec = require("nbspec")
@@ -26,8 +27,8 @@ describe("chat templates", function()
       end
       n = n + 1
     end
-    -- every family and every message list took part: 80 renders, 8 of them raise_exception
-    assert.are.equal(80, n)
+    -- every family and every message list took part: 88 renders, 8 of them raise_exception
+    assert.are.equal(88, n)
     assert.are.equal(8, errors)
   end)
 
@@ -72,5 +73,111 @@ describe("chat templates", function()
     local ok, e = pcall(chat.apply, "x", { { content = "hi" } })
     assert.is_false(ok)
     assert.are.equal("chat template: message 1 has no 'role' string", e)
+  end)
+end)
+
+describe("a tokenizer's chat template", function()
+  local L2 = nbspec.data("tokenizers/llama2-32k")
+  local QW = nbspec.data("tokenizers/llama.cpp-vocab-tests/ggml-vocab-qwen2.gguf")
+  local H = nbspec.data("stories260K/hf")
+  local tmp = nbspec.private_dir()
+
+  it("is read from tokenizer_config.json and rendered with the tokenizer's BOS and EOS", function()
+    if not nbspec.need(L2) then return end
+    local tok = require("nibble").tokenizer(L2)
+    assert.are.equal(golden.templates.llama2, tok:chat_template())
+    for _, c in ipairs(golden.cases) do
+      if c.template == "llama2" then
+        assert.are.equal(c.output, tok:apply_chat_template(golden.messages[c.messages],
+                                                           { add_generation_prompt = c.add_generation_prompt }))
+      end
+    end
+  end)
+
+  it("is read from a GGUF's tokenizer.chat_template", function()
+    if not nbspec.need(QW) then return end
+    local tok = require("nibble").tokenizer(QW)
+    assert.are.equal("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+      .. "<|im_start|>assistant\n", tok:apply_chat_template({ { role = "user", content = "Hi" } }, { add_generation_prompt = true }))
+    -- the template's control tokens are tokens; the user's text is text
+    local ids = tok:encode_chat({ { role = "user", content = "Hi" } }, { add_generation_prompt = true })
+    assert.are.equal(tok:id("<|im_start|>"), ids[1])
+    assert.are.equal(tok:decode(ids), tok:apply_chat_template({ { role = "user", content = "Hi" } }, { add_generation_prompt = true }))
+  end)
+
+  -- a copy of stories260K's HF folder whose tokenizer_config.json (or chat_template.jinja) holds `template`
+  local function with_template(name, config_value, jinja)
+    local d = tmp .. "/" .. name
+    os.execute("mkdir -p " .. nbspec.quote(d) .. " && cp " .. nbspec.quote(H) .. "/* " .. nbspec.quote(d)
+               .. " && chmod u+w " .. nbspec.quote(d) .. "/*")
+    local cfg = json.decode(nbspec.read(d .. "/tokenizer_config.json"))
+    cfg.chat_template = config_value
+    nbspec.write(d .. "/tokenizer_config.json", json.encode(cfg))
+    if jinja then nbspec.write(d .. "/chat_template.jinja", jinja) end
+    return d
+  end
+  local STORY = "{% for m in messages %}{{ bos_token if loop.first }}{% if m.role == 'system' %}{{ m.content + '\\n' }}"
+    .. "{% else %}{{ m.role + ': ' + m.content + '\\n' }}{% endif %}{% endfor %}"
+    .. "{% if add_generation_prompt %}{{ 'Once upon a time' }}{% endif %}"
+
+  it("comes from chat_template.jinja before tokenizer_config.json, and a list's 'default' entry", function()
+    if not nbspec.need(H) then return end
+    local nibble = require("nibble")
+    assert.is_nil(nibble.tokenizer(H):chat_template())
+    local d = with_template("list", { { name = "tool_use", template = "T" }, { name = "default", template = "D" } })
+    assert.are.equal("D", nibble.tokenizer(d):chat_template())
+    d = with_template("jinja", "C", "J{{ 1 }}\n")
+    assert.are.equal("J{{ 1 }}\n", nibble.tokenizer(d):chat_template())
+    local ok, e = pcall(function() return nibble.tokenizer(H):apply_chat_template({}) end)
+    assert.is_false(ok)
+    -- nibble.fail names the caller's line, as every API error does
+    assert.are.equal("the tokenizer has no chat template (" .. H .. ")", (e:gsub("^[^\n]-:%d+: ", "")))
+  end)
+
+  it("is what `nibble generate` answers in, printing only the answer", function()
+    if not nbspec.need(H) then return end
+    local d = with_template("story", STORY)
+    -- the chat prompt is "<s>user: Lily\nOnce upon a time": the same ids as that text with the model's BOS, so
+    -- the answer is exactly what plain generation continues that text with
+    local plain, err, rc = nbspec.nibble { "generate", "--model", d, "--no-chat", "--prompt", "user: Lily\nOnce upon a time",
+                                           "-n", "12", "--greedy" }
+    assert.are.equal(0, rc, err)
+    local prefix = "user: Lily\nOnce upon a time"
+    assert.are.equal(prefix, plain:sub(1, #prefix))
+    local answer = plain:sub(#prefix + 1)
+    assert.truthy(#answer > 2, plain)
+    local out
+    out, err, rc = nbspec.nibble { "generate", "--model", d, "--prompt", "Lily", "-n", "12", "--greedy" }
+    assert.are.equal(0, rc, err)
+    assert.are.equal(answer, out)
+    out, err, rc = nbspec.nibble { "generate", "--model", d, "--chat", "--prompt", "Lily", "-n", "12", "--greedy" }
+    assert.are.equal(0, rc, err)
+    assert.are.equal(answer, out)
+    -- --system is a system message before the prompt
+    plain = nbspec.nibble { "generate", "--model", d, "--no-chat", "--prompt", "Be kind.\nuser: Lily\nOnce upon a time",
+                            "-n", "12", "--greedy" }
+    out, err, rc = nbspec.nibble { "generate", "--model", d, "--system", "Be kind.", "--prompt", "Lily", "-n", "12", "--greedy" }
+    assert.are.equal(0, rc, err)
+    assert.are.equal(plain:sub(#"Be kind.\nuser: Lily\nOnce upon a time" + 1), out)
+    -- the model without a template: the prompt stays plain text, and --chat says why it cannot
+    out, err, rc = nbspec.nibble { "generate", "--model", H, "--prompt", "Lily", "-n", "3", "--greedy" }
+    assert.are.equal(0, rc, err)
+    assert.are.equal("Lily", out:sub(1, 4))
+    out, err, rc = nbspec.nibble { "generate", "--model", H, "--chat", "--prompt", "Lily" }
+    assert.are.equal(1, rc)
+    assert.are.equal("nibble generate: the model " .. H .. " has no chat template (tokenizer_config.json "
+      .. "\"chat_template\", chat_template.jinja or GGUF tokenizer.chat_template); without --chat the prompt is plain text\n", err)
+    out, err, rc = nbspec.nibble { "generate", "--model", d, "--chat" }
+    assert.are.equal(1, rc)
+    assert.are.equal("nibble generate: --chat needs --prompt (the user's message)\n", err)
+    out, err, rc = nbspec.nibble { "generate", "--model", d, "--no-chat", "--system", "x", "--prompt", "Lily" }
+    assert.are.equal(1, rc)
+    assert.are.equal("nibble generate: --system needs a chat template (it is a system message): drop --no-chat, "
+      .. "or put it in --prompt\n", err)
+    -- a template the renderer cannot render is one line naming the construct
+    d = with_template("bad", "{{ messages | wordcount }}")
+    out, err, rc = nbspec.nibble { "generate", "--model", d, "--prompt", "Lily" }
+    assert.are.equal(1, rc)
+    assert.are.equal("nibble generate: chat template: line 1: unsupported filter 'wordcount'\n", err)
   end)
 end)
