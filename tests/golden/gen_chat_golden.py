@@ -214,6 +214,26 @@ MESSAGES = {
     "empty": [],
 }
 
+# Conversations tokenized by a real tokenizer's apply_chat_template(tokenize=True) (the ids nibble's
+# chat_template = "model" data path must give), when ../shared/data is present.
+SHARED = os.environ.get("NIBBLE_SHARED_DATA", os.path.join(HERE, "..", "..", "..", "shared", "data"))
+TOKENIZED = {
+    "tokenizers/llama2-32k": {
+        "answered": [
+            {"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "Hi there! "},
+            {"role": "assistant", "content": "Hello. How can I help?\n"},
+            {"role": "user", "content": "Name a city in France"},
+            {"role": "assistant", "content": "Paris"},
+        ],
+        "asked": [
+            {"role": "user", "content": "Théâtre — “quoted” 日本語"},
+            {"role": "assistant", "content": "Oui."},
+            {"role": "user", "content": "And then?"},
+        ],
+    },
+}
+
 CASES = [
     (t, m, g)
     for t in TEMPLATES
@@ -241,11 +261,24 @@ def main():
         except jinja2.exceptions.TemplateError as e:
             case["error"] = str(e)
         cases.append(case)
+    tokenized = []
+    for rel, convs in TOKENIZED.items():
+        d = os.path.join(SHARED, rel)
+        if not os.path.isdir(d):
+            raise SystemExit(f"{d} is missing: the tokenized cases need ../shared/data")
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(d)
+        for name, msgs in convs.items():
+            ids = tok.apply_chat_template(msgs, tokenize=True)
+            ids = ids["input_ids"] if not isinstance(ids, list) else ids
+            tokenized.append({"tokenizer": rel, "name": name, "messages": msgs, "input_ids": ids,
+                              "text": tok.apply_chat_template(msgs, tokenize=False)})
     doc = {
         "generator": f"tests/golden/gen_chat_golden.py (transformers {transformers.__version__}, jinja2 {jinja2.__version__})",
         "templates": TEMPLATES,
         "messages": MESSAGES,
         "cases": cases,
+        "tokenized": tokenized,
     }
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1, sort_keys=True)

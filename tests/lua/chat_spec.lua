@@ -181,3 +181,79 @@ describe("a tokenizer's chat template", function()
     assert.are.equal("nibble generate: chat template: line 1: unsupported filter 'wordcount'\n", err)
   end)
 end)
+
+describe("chat data with the model's template (chat_template = \"model\")", function()
+  local L2 = nbspec.data("tokenizers/llama2-32k")
+  local tmp = nbspec.private_dir()
+
+  -- the mask data.h asks for, restated on the golden ids: each assistant answer, from the token after
+  -- "[/INST]" (518 29914 25580 29962) through its </s> (2)
+  local function expected_mask(ids)
+    local m, on = {}, false
+    for k, id in ipairs(ids) do
+      m[k] = on and 1 or 0
+      if id == 2 then on = false end
+      if k >= 4 and ids[k - 3] == 518 and ids[k - 2] == 29914 and ids[k - 1] == 25580 and id == 29962 then on = true end
+    end
+    return m
+  end
+
+  it("tokenizes conversations as transformers' apply_chat_template(tokenize=True) and masks the answers", function()
+    if not nbspec.need(L2) then return end
+    local nibble = require("nibble")
+    local tok = nibble.tokenizer(L2)
+    local lines, want_ids, want_mask = {}, {}, {}
+    for _, c in ipairs(golden.tokenized) do
+      lines[#lines + 1] = json.encode({ messages = c.messages })
+      for _, id in ipairs(c.input_ids) do want_ids[#want_ids + 1] = id end
+      for _, v in ipairs(expected_mask(c.input_ids)) do want_mask[#want_mask + 1] = v end
+    end
+    lines[#lines + 1] = '{"text": "Once upon a time"}'
+    local plain = nibble.data.new():add({ text = "Once upon a time" }, { tokenizer = tok })
+    local pids, pmask = plain:slice(1, plain:n_tokens())
+    for k, id in ipairs(pids) do want_ids[#want_ids + 1] = id; want_mask[#want_mask + 1] = pmask[k] end
+    local f = tmp .. "/chat.jsonl"
+    nbspec.write(f, table.concat(lines, "\n") .. "\n")
+    local ds = nibble.data.load(f, { tokenizer = tok, chat_template = "model" })
+    assert.are.equal(3, ds:n_docs())
+    local ids, mask = ds:slice(1, ds:n_tokens())
+    assert.are.same(want_ids, ids)
+    local m = {}
+    for k, v in ipairs(mask) do m[k] = (v == true or v == 1) and 1 or 0 end
+    assert.are.same(want_mask, m)
+    -- 17 answer tokens: " Hello. How can I help? </s>" (9), " Paris </s>" (3), " Oui. </s>" (5), and the
+    -- plain-text document's every token
+    assert.are.equal(17 + plain:n_masked(), ds:n_masked())
+    -- the same conversation added as a record
+    local one = nibble.data.new():add({ messages = golden.tokenized[1].messages }, { tokenizer = tok, chat_template = "model" })
+    assert.are.same(golden.tokenized[1].input_ids, (one:slice(1, one:n_tokens())))
+  end)
+
+  it("says which record and why when it cannot", function()
+    if not nbspec.need(L2) then return end
+    local nibble = require("nibble")
+    local f = tmp .. "/bad.jsonl"
+    nbspec.write(f, '{"text": "fine"}\n\n{"messages": [{"role": "system", "content": "a"}, {"role": "system", "content": "b"}]}\n')
+    local ok, e = pcall(nibble.data.load, f, { tokenizer = L2, chat_template = "model" })
+    assert.is_false(ok)
+    assert.are.equal(f .. ":3: chat template: Conversation roles must alternate user/assistant/user/assistant/...",
+                     (e:gsub("^[^\n]-%.lua:%d+: ", "")))
+    ok, e = pcall(nibble.data.load, f, { tokenizer = nbspec.data("stories260K/hf"), chat_template = "model" })
+    assert.is_false(ok)
+    assert.truthy(e:find('chat_template = "model": the tokenizer ' .. nbspec.data("stories260K/hf") .. " has no chat template", 1, true), e)
+  end)
+end)
+
+describe("a recipe's chat_template", function()
+  it("reaches data.load through data.from_recipe", function()
+    local L2 = nbspec.data("tokenizers/llama2-32k")
+    if not nbspec.need(L2) then return end
+    local nibble = require("nibble")
+    local f = nbspec.tmpname(".jsonl")
+    nbspec.write(f, json.encode({ messages = golden.tokenized[1].messages }) .. "\n")
+    local ld = nibble.data.from_recipe({ data = f, chat_template = "model", seq_len = 8 }, nibble.tokenizer(L2))
+    os.remove(f)
+    assert.are.equal(#golden.tokenized[1].input_ids, ld.dataset:n_tokens())
+    assert.are.equal(12, ld.dataset:n_masked())   -- " Hello. How can I help? </s>" and " Paris </s>"
+  end)
+end)
