@@ -228,15 +228,7 @@ local ops2 = { ["//"] = true, ["**"] = true, ["=="] = true, ["!="] = true, ["<="
 local ops1 = "+-*/%~<>=()[]{},.:|"
 local esc = { n = "\n", t = "\t", r = "\r", ["\\"] = "\\", ["'"] = "'", ['"'] = '"', a = "\a", b = "\b",
               f = "\f", v = "\v", ["0"] = "\0" }
-local function utf8_char(cp)
-  if cp < 0x80 then return string.char(cp) end
-  if cp < 0x800 then return string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64) end
-  if cp < 0x10000 then
-    return string.char(0xE0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
-  end
-  return string.char(0xF0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64,
-                     0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
-end
+local utf8_char = json.utf8_encode
 
 local function unescape(s, line)
   local r, i = {}, 1
@@ -512,9 +504,6 @@ function P:filters(e)
       end
       e = { "test", name, e, pos }
       if negate then e = { "not", e } end
-    elseif self:skip("op", "(") then
-      local pos, kw = self:args()
-      e = { "call", e, pos, kw }
     else
       return e
     end
