@@ -71,6 +71,7 @@ local function enum_of(map, v, what)
     local names = {}
     for n in pairs(map) do names[#names + 1] = n end
     table.sort(names)
+    if map == templates then names[#names + 1] = "model" end
     fail(("%s: unknown value %s (one of %s)"):format(what, tostring(v), table.concat(names, ", ")))
   end
   return e
@@ -108,7 +109,11 @@ local function data_opts(opts, what)
   local keep = {}
   o.format = enum_of(formats, opts.format, what .. ": format")
   o.split = enum_of(splits, opts.split, what .. ": split")
-  o.chat_template = enum_of(templates, opts.chat_template, what .. ": chat_template")
+  -- "model": records with messages are rendered by the tokenizer's own chat template, in Lua (see
+  -- add_file); the C reader sees only the other records
+  if opts.chat_template ~= "model" then
+    o.chat_template = enum_of(templates, opts.chat_template, what .. ": chat_template")
+  end
   if opts.separator ~= nil then
     if type(opts.separator) ~= "string" then fail(what .. ": separator must be a string") end
     keep[#keep + 1] = opts.separator
@@ -151,7 +156,7 @@ end
 -- load(path or {paths...}, opts): the documents of one or more files, in order. opts: tokenizer
 -- (required), format ("auto" | "text" | "jsonl" | "json"), split ("blank" | "whole" | "line" |
 -- "separator"), separator ("<|endoftext|>"), text_field ("text"), chat_template ("auto" | "chatml" |
--- "plain"), bos / eos (booleans; default: BOS as the tokenizer says, EOS after every document),
+-- "plain" | "model": the tokenizer's own chat template for records with messages, see chat_tokens), bos / eos (booleans; default: BOS as the tokenizer says, EOS after every document),
 -- special (parse special-token text), max_tokens (stop after the document that reaches it).
 function M.load(paths, opts)
   local ds = M.new()
@@ -174,8 +179,115 @@ function M.read_text(path, who)
   return s
 end
 
+-- ---- the model's chat template ---------------------------------------------------------------------
+
+-- chat_tokens(tok, messages): the ids and mask of a conversation rendered by the tokenizer's chat template,
+-- as transformers' apply_chat_template(tokenize=True) writes it (the template's BOS and end-of-turn tokens,
+-- nothing added). Mask: for each assistant message i, the text the template adds between the first i - 1
+-- messages with the generation prompt and the first i messages (the answer and its end of turn); its
+-- token boundaries follow data.h's rule (the longest common prefix of the encoding of the text before a
+-- boundary with the encoding of the whole).
+local function chat_tokens(tok, messages)
+  if type(messages) ~= "table" then fail("messages must be a list of {role=, content=}") end
+  -- JSON null fields are dropped, as transformers drops None-valued keys
+  local msgs = {}
+  for i, m in ipairs(messages) do
+    if type(m) ~= "table" then fail(("message %d is not an object"):format(i)) end
+    local c = {}
+    for k, v in pairs(m) do if v ~= nibble.json.null then c[k] = v end end
+    msgs[i] = c
+  end
+  local enc = { bos = false, special = true }
+  local text = tok:apply_chat_template(msgs)
+  local ids = tok:encode(text, enc)
+  local mask = {}
+  for k = 1, #ids do mask[k] = 0 end
+  local function boundary(nbytes)
+    if nbytes <= 0 then return 0 end
+    if nbytes >= #text then return #ids end
+    local pre = tok:encode(text:sub(1, nbytes), enc)
+    local n = 0
+    while n < #pre and n < #ids and pre[n + 1] == ids[n + 1] do n = n + 1 end
+    return n
+  end
+  for i, m in ipairs(msgs) do
+    if m.role == "assistant" then
+      local before = { unpack(msgs, 1, i - 1) }
+      local head = tok:apply_chat_template(before, { add_generation_prompt = true })
+      local upto = tok:apply_chat_template({ unpack(msgs, 1, i) })
+      if text:sub(1, #head) ~= head or text:sub(1, #upto) ~= upto or #upto < #head then
+        fail(("the chat template renders the conversation up to message %d differently from the whole "
+              .. "conversation, so the assistant's tokens cannot be masked (use chat_template = \"chatml\" or \"plain\")"):format(i))
+      end
+      for k = boundary(#head) + 1, boundary(#upto) do mask[k] = 1 end
+    end
+  end
+  return ids, mask
+end
+M.chat_tokens = chat_tokens
+
+-- add_file with chat_template = "model": JSON / JSONL records read here; those with messages go through
+-- the tokenizer's template (chat_tokens), the others to the C reader one by one; errors name FILE:LINE.
+local function add_file_model_template(ds, path, opts)
+  local tok = opts.tokenizer
+  if type(tok) == "string" then tok = nibble.tokenizer.load(tok) end
+  if not nibble.tokenizer.is_tokenizer(tok) then
+    fail("data.load: chat_template = \"model\" needs opts.tokenizer as a nibble.tokenizer or a path")
+  end
+  if not tok:chat_template() then
+    fail(("data.load: chat_template = \"model\": the tokenizer %s has no chat template"):format(tostring(tok.path)))
+  end
+  local rest = {}
+  for k, v in pairs(opts) do rest[k] = v end
+  rest.chat_template, rest.tokenizer = nil, tok
+  local low = path:lower()
+  local fmt = opts.format or "auto"
+  if fmt == "auto" then
+    fmt = (low:match("%.jsonl$") or low:match("%.ndjson$")) and "jsonl" or low:match("%.json$") and "json" or "text"
+  end
+  if fmt == "text" or fmt == "txt" then return ds:add_file(path, rest) end
+  local s = M.read_text(path, "data.load")
+  local records = {}
+  local json = nibble.json
+  if fmt == "json" and s:match("^%s*%[") then
+    local ok, arr = pcall(json.decode, s)
+    if not ok then fail(("%s: %s"):format(path, tostring(arr):gsub("^[^\n]-:%d+: ", ""))) end
+    for k, r in ipairs(arr) do records[#records + 1] = { r, ("%s: element %d"):format(path, k) } end
+  else
+    local line = 0
+    for l in (s:sub(-1) == "\n" and s or s .. "\n"):gmatch("([^\n]*)\n") do
+      line = line + 1
+      if l:find("%S") then
+        local ok, r = pcall(json.decode, l)
+        if not ok then fail(("%s:%d: invalid JSON"):format(path, line)) end
+        records[#records + 1] = { r, ("%s:%d"):format(path, line) }
+      end
+    end
+  end
+  local n0, limit = ds:n_tokens(), opts.max_tokens or 0
+  for _, rw in ipairs(records) do
+    local r, where = rw[1], rw[2]
+    if type(r) ~= "table" then fail(where .. ": a record must be a JSON object") end
+    local ok, e = pcall(function()
+      if r.messages ~= nil then
+        local ids, mask = chat_tokens(tok, r.messages)
+        ds:add_tokens(ids, mask)
+      else
+        ds:add_json(json.encode(r), rest)
+      end
+    end)
+    if not ok then fail(("%s: %s"):format(where, tostring(e):gsub("^[^\n]-%.lua:%d+: ", ""))) end
+    if limit > 0 and ds:n_tokens() - n0 >= limit then break end
+  end
+  return ds
+end
+
 function Dataset:add_file(path, opts)
   if type(path) ~= "string" then fail("add_file: expected a path, got " .. type(path)) end
+  if type(opts) == "table" and opts.chat_template == "model" then
+    data_opts(opts, "data.load")   -- the same option checks
+    return add_file_model_template(self, path, opts)
+  end
   local o, tp, keep = data_opts(opts, "data.load")
   check(C.nb_dataset_add_file(ctx(), dp(self), tp, path, o))
   keep = nil
@@ -203,6 +315,12 @@ end
 -- {messages = {{role = ..., content = ...}, ...}}.
 function Dataset:add(record, opts)
   if type(record) ~= "table" then fail("add: expected a record table, got " .. type(record)) end
+  if type(opts) == "table" and opts.chat_template == "model" and record.messages ~= nil then
+    local tok = opts.tokenizer
+    if type(tok) == "string" then tok = nibble.tokenizer.load(tok) end
+    local ids, mask = chat_tokens(tok, record.messages)
+    return self:add_tokens(ids, mask)
+  end
   return self:add_json(nibble.json.encode(record), opts)
 end
 

@@ -177,6 +177,8 @@ local function utf8_encode(cp)
                      0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
 end
 
+M.utf8_encode = utf8_encode   -- a code point as UTF-8 (nibble.chat's string escapes too)
+
 local decode_value
 
 local function decode_string(s, i)

@@ -426,6 +426,9 @@ end
 -- generate{prompt = text or {ids}, n = 128, greedy = true | temperature =, top_k =, top_p =, seed =,
 -- stop = true (stop at EOS), on_text = function(piece)}: returns the new text and the new ids.
 -- Without a prompt generation starts from BOS. Text needs the model's tokenizer.
+-- generate{messages = { {role=, content=}, ... }, ...} answers a conversation instead: the prompt is the
+-- model's chat template with the assistant's header (tokenizer:encode_chat), and generation also stops at
+-- the template's end-of-turn tokens (<|im_end|>, <|eot_id|>, <end_of_turn>).
 function Model:generate(o)
   o = o or {}
   local p, ctx = ptr(self), nibble.context()
@@ -433,6 +436,12 @@ function Model:generate(o)
   local prompt = o.prompt
   local tok
   local function tk() tok = tok or self:tokenizer(); return tok end
+  local stop_eog = false
+  if o.messages ~= nil then
+    if prompt ~= nil then fail("generate: give a prompt or messages, not both") end
+    prompt = tk():encode_chat(o.messages, { add_generation_prompt = true, template = o.chat_template })
+    stop_eog = true
+  end
   if prompt == nil then
     if not self.config.bos then fail("generate: the model has no BOS token; give a prompt") end
     prompt = { self.config.bos }
@@ -483,7 +492,7 @@ function Model:generate(o)
         printed = text
       end
     end
-    if so.stop_at_eos ~= 0 and eos[t] then break end
+    if so.stop_at_eos ~= 0 and (eos[t] or (stop_eog and tk():is_eog(t))) then break end
     if i < n then
       one[0] = t
       check(C.nb_model_forward(ctx, p, one, 1, 1, fo))

@@ -149,7 +149,7 @@ function M.calibration_loader(r, model_path, log)
   end
   local data = nibble.data
   local tok = nibble.tokenizer.load(model_path)
-  local opts = { tokenizer = tok, text_field = c.text_field }
+  local opts = { tokenizer = tok, text_field = c.text_field, chat_template = c.chat_template }
   if c.separator then
     opts.separator = c.separator
   elseif not c.data:match("%.jsonl?$") and not c.data:match("%.ndjson$") then

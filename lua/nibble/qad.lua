@@ -590,7 +590,7 @@ function Q.loader(d, tok, seed)
   if not d.data then
     error("recipe: distill.data is missing (the text QAD distils on; e.g. the calibration data)", 0)
   end
-  local opts = { tokenizer = tok, text_field = d.text_field }
+  local opts = { tokenizer = tok, text_field = d.text_field, chat_template = d.chat_template }
   local first = type(d.data) == "table" and d.data[1] or d.data
   local plain = not tostring(first):match("%.jsonl?$") and not tostring(first):match("%.ndjson$")
   if d.separator then

@@ -47,6 +47,7 @@ M.sub_schema = {
   model = { path = true, teacher = true },
   calibration = { data = true, samples = true, seq_len = true, batch = true, pack = true,
                   random_offset = true, seed = true, text_field = true, separator = true,
+                  chat_template = true,  -- "auto" | "chatml" | "plain" | "model" (data.load)
                   allow_long = true },   -- seq_len beyond the model's max_position_embeddings
   distill = { loss = true, temperature = true, t2 = true, topk = true, lm_loss = true, kd_loss_scale = true,
               steps = true, lr = true, min_lr = true, warmup = true, batch = true, seq_len = true,
@@ -56,7 +57,7 @@ M.sub_schema = {
               -- AdamW's, the loss's finer knobs and the training data's reading (nibble.qad.config / loader)
               beta1 = true, beta2 = true, eps = true, top_k = true, topk_norm = true, ignore_index = true,
               lr_scale_unquantized = true,
-              text_field = true, separator = true, pack = true, eos = true,
+              text_field = true, separator = true, pack = true, eos = true, chat_template = true,
               -- what nibble.qad.run refuses unless asked: seq_len beyond the model's max_position_embeddings,
               -- a fresh run over a checkpoint_dir that holds checkpoints (overwrite removes them)
               allow_long = true, overwrite = true },

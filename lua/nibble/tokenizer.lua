@@ -143,6 +143,35 @@ function Tokenizer:is_eog(id)
   return C.nb_tokenizer_is_eog(ptr(self), id) ~= 0
 end
 
+-- chat_template(): the model's chat template (Jinja source), or nil when it has none. From a GGUF's
+-- tokenizer.chat_template, or beside a tokenizer.json: chat_template.jinja, else tokenizer_config.json.
+function Tokenizer:chat_template()
+  local len = ffi.new("size_t[1]")
+  local s = C.nb_tokenizer_chat_template(ptr(self), len)
+  if s == nil then return nil end
+  return ffi.string(s, len[0])
+end
+
+-- apply_chat_template(messages [, opts]): the text of a conversation as the model's chat template
+-- writes it (transformers' apply_chat_template(..., tokenize=False)). messages: { {role=, content=}, ... };
+-- opts.add_generation_prompt (end with the assistant's header), opts.template (a template instead of the
+-- model's), opts.vars (more template variables). bos_token / eos_token are this tokenizer's.
+function Tokenizer:apply_chat_template(messages, opts)
+  opts = opts or {}
+  local template = opts.template or self:chat_template()
+  if not template then fail("the tokenizer has no chat template (" .. tostring(self.path) .. ")") end
+  return require("nibble.chat").apply(template, messages, {
+    add_generation_prompt = opts.add_generation_prompt, vars = opts.vars,
+    bos_token = self.bos and self:token(self.bos) or nil, eos_token = self.eos and self:token(self.eos) or nil,
+  })
+end
+
+-- encode_chat(messages [, opts]): the ids of apply_chat_template's text, encoded as transformers does
+-- (the template's control tokens are tokens, no BOS/EOS is added: the template writes its own).
+function Tokenizer:encode_chat(messages, opts)
+  return self:encode(self:apply_chat_template(messages, opts), { bos = false, special = true })
+end
+
 -- free(): release the native tokenizer now instead of at garbage collection.
 function Tokenizer:free()
   local p = rawget(self, "_p")

@@ -6,6 +6,7 @@
 #ifndef NIBBLE_TOKENIZER_H
 #define NIBBLE_TOKENIZER_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "nibble/ctx.h"
 #include "nibble/gguf.h"
@@ -41,7 +42,7 @@ void nb_tokens_free(nb_tokens *t);
 nb_status nb_tokens_reserve(nb_ctx *ctx, nb_tokens *t, int64_t cap);
 
 /* Load from a tokenizer.json path, or a directory holding tokenizer.json. tokenizer_config.json
- * beside it (add_bos_token, add_eos_token, bos_token, eos_token) and config.json (bos_token_id,
+ * beside it (add_bos_token, add_eos_token, bos_token, eos_token, chat_template) and config.json (bos_token_id,
  * eos_token_id) refine BOS/EOS; without them the post_processor template decides. */
 nb_status nb_tokenizer_from_json(nb_ctx *ctx, const char *path_or_dir, nb_tokenizer **out);
 /* Load from a GGUF's tokenizer.ggml.* keys (model `llama` or `gpt2`). The tokenizer copies what it
@@ -93,5 +94,9 @@ nb_token_type nb_tokenizer_token_type(const nb_tokenizer *tok, int32_t id);
 int32_t nb_tokenizer_find(const nb_tokenizer *tok, const char *text, int64_t len);
 /* End-of-generation: EOS, or a control token like <|eot_id|>, <|im_end|>, <|endoftext|>, <end_of_turn>. */
 int nb_tokenizer_is_eog(const nb_tokenizer *tok, int32_t id);
+/* The model's chat template (Jinja source): GGUF's tokenizer.chat_template, or beside a tokenizer.json
+ * chat_template.jinja, else tokenizer_config.json's "chat_template" (its "default" entry when a list).
+ * NULL when the model has none; *len (if not NULL) is its byte length. */
+const char *nb_tokenizer_chat_template(const nb_tokenizer *tok, size_t *len);
 
 #endif

@@ -255,6 +255,34 @@ static int32_t config_id(const cJSON *cfg, const char *key) {
     return cJSON_IsNumber(v) ? (int32_t)v->valuedouble : -1;
 }
 
+/* The chat template, as transformers finds it: chat_template.jinja beside the tokenizer, else
+ * tokenizer_config.json's "chat_template" (a string, or a list of {name, template} of which "default"). */
+static nb_status load_chat_template(nb_tokenizer *t, const char *dir, const cJSON *cfg) {
+    char jpath[4200];
+    struct stat st;
+    snprintf(jpath, sizeof(jpath), "%s/chat_template.jinja", dir);
+    if (stat(jpath, &st) == 0 && S_ISREG(st.st_mode)) {
+        char *data = NULL;
+        size_t len = 0;
+        nb_status s = tok_read_file(t->ctx, jpath, &data, &len);
+        if (s != NB_OK) return s;
+        s = tok_set_chat_template(t, data, len);
+        free(data);
+        return s;
+    }
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+    if (cJSON_IsArray(ct)) {
+        const cJSON *it, *found = NULL;
+        cJSON_ArrayForEach(it, ct) {
+            const char *name = jstr(it, "name");
+            if (name && strcmp(name, "default") == 0) found = cJSON_GetObjectItemCaseSensitive(it, "template");
+        }
+        ct = found;
+    }
+    if (cJSON_IsString(ct)) return tok_set_chat_template(t, ct->valuestring, strlen(ct->valuestring));
+    return NB_OK;
+}
+
 static nb_status load_model(nb_tokenizer *t, const char *path, const cJSON *root) {
     nb_ctx *ctx = t->ctx;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -389,6 +417,7 @@ nb_status nb_tokenizer_from_json(nb_ctx *ctx, const char *path_or_dir, nb_tokeni
     t->add_bos = jbool(tcfg, "add_bos_token", ti.n_pre > 0);
     t->add_eos = jbool(tcfg, "add_eos_token", ti.n_post > 0);
     if (t->unk < 0) t->unk = config_token(t, tcfg, "unk_token");
+    if ((s = load_chat_template(t, dir, tcfg)) != NB_OK) goto done;
     t->source = TOK_SRC_JSON;
     s = tok_finish(t);
 done:

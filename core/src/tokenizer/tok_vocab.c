@@ -589,6 +589,10 @@ int nb_tokenizer_add_bos(const nb_tokenizer *t) { return t && t->add_bos && t->b
 int nb_tokenizer_add_eos(const nb_tokenizer *t) { return t && t->add_eos && t->eos >= 0; }
 const char *nb_tokenizer_kind(const nb_tokenizer *t) { return t ? t->kind : ""; }
 const char *nb_tokenizer_pre(const nb_tokenizer *t) { return t ? t->pre_name : ""; }
+const char *nb_tokenizer_chat_template(const nb_tokenizer *t, size_t *len) {
+    if (len) *len = t && t->chat_template ? t->chat_template_len : 0;
+    return t ? t->chat_template : NULL;
+}
 
 const char *nb_tokenizer_token_text(const nb_tokenizer *t, int32_t id, uint32_t *len) {
     if (!t || id < 0 || id >= t->n_vocab) {
