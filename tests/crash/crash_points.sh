@@ -98,8 +98,8 @@ if [ "$mode" = export ]; then
         [ $scenario = replace ] && cp -a "$W/old" "$W/count/out"
         strace -f -qq -o "$W/log" -e trace="$TRACE" "$bin" quantize --model "$M" --format nvfp4_w4a16 \
             --out "$W/count/out" --quiet >/dev/null 2>&1 || { bad "$scenario: the traced export failed"; continue; }
-        # from the lock (the export's first write) to the end
-        count "$W/log" 'out\.nibble-lock", O_RDWR\|O_CREAT' "" >"$W/points"
+        # from the export's first write (its lock file; the staging folder where there is no lock) to the end
+        count "$W/log" 'out\.nibble-lock", O_RDWR\|O_CREAT|mkdir\(".*/out\.nibble-tmp-' "" >"$W/points"
         [ -s "$W/points" ] || { bad "$scenario: no export seen in the trace"; continue; }
         while read -r sc first last; do
             for n in $(kill_points "$first" "$last" "$sc"); do
@@ -134,9 +134,10 @@ if [ "$mode" = export ]; then
     strace -f -qq -y -o "$W/dlog" -e trace=fsync,rename,renameat2 "$bin" quantize --model "$M" --format nvfp4_w4a16 \
         --out "$W/d/out" --quiet >/dev/null 2>&1 || bad "durability: the traced export failed"
     for f in "$W/new"/*; do
-        grep -q "fsync([0-9]*<.*/out\.nibble-tmp-[0-9]*/export/${f##*/}>)" "$W/dlog" || bad "durability: ${f##*/} is never fsynced"
+        grep -Eq "fsync\([0-9]+<.*/out\.nibble-tmp-[0-9]+/(export/)?${f##*/}>\)" "$W/dlog" ||
+            bad "durability: ${f##*/} is never fsynced"
     done
-    awk -v d="$W/d" '/rename.*\/export", "/ { r = 1; next } r && index($0, "fsync(") && index($0, "<" d ">") { ok = 1 }
+    awk -v d="$W/d" '/rename.*", "[^"]*\/d\/out"/ { r = 1; next } r && index($0, "fsync(") && index($0, "<" d ">") { ok = 1 }
                      END { exit !ok }' "$W/dlog" || bad "durability: the parent folder is not fsynced after the final rename"
 
     # a file-size limit smaller than model.safetensors (462,048 bytes): one line, exit 1, nothing left
