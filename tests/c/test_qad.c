@@ -580,25 +580,10 @@ static void test_resume_flag(nb_ctx *ctx, const char *ref) {
 }
 
 
-/* The child: a whole run that checkpoints every step (killed at some moment by the parent). */
-static int child_main(const char *ck) {
-    nb_ctx *ctx = NULL;
-    if (nb_ctx_new(2, &ctx)) return 2;
-    nb_qad_cfg cfg;
-    qad_config(&cfg);
-    session S;
-    session_open(ctx, &S, &cfg);
-    if (!S.q) return 3;
-    run_to_end(ctx, &S, ck, 1);
-    session_close(&S);
-    nb_ctx_release(ctx);
-    return nbt_failures ? 1 : 0;
-}
-
-/* tests/crash/crash_points.sh's run: resume from CK when it holds a checkpoint, train to the end with a
- * checkpoint every step, export to OUT. Killed at each file-system call of one save, then run again, it
- * must give the bytes of a run never killed. */
-static int crash_run_main(const char *ck, const char *out) {
+/* The child: a whole run that checkpoints every step, resumed from CK when it holds a checkpoint (killed
+ * at some moment by the parent). With OUT (tests/crash/crash_points.sh's run, killed at each file-system
+ * call of one save, then run again) it exports there at the end: the bytes of a run never killed. */
+static int child_main(const char *ck, const char *out) {
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(2, &ctx)) return 2;
     nb_qad_cfg cfg;
@@ -611,7 +596,7 @@ static int crash_run_main(const char *ck, const char *out) {
     else nb_ctx_clear_error(ctx);
     printf("resumed from step %lld\n", (long long)nb_qad_step_count(S.q));
     run_to_end(ctx, &S, ck, 1);
-    export_to(ctx, &S, out);
+    if (out) export_to(ctx, &S, out);
     session_close(&S);
     nb_ctx_release(ctx);
     return nbt_failures ? 1 : 0;
@@ -757,8 +742,8 @@ static void test_errors(nb_ctx *ctx) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && strcmp(argv[1], "--child") == 0) return child_main(argv[2]);
-    if (argc == 4 && strcmp(argv[1], "--crash-run") == 0) return crash_run_main(argv[2], argv[3]);
+    if (argc == 3 && strcmp(argv[1], "--child") == 0) return child_main(argv[2], NULL);
+    if (argc == 4 && strcmp(argv[1], "--crash-run") == 0) return child_main(argv[2], argv[3]);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/nb_test_qad_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
     nb_ctx *ctx = NULL;
