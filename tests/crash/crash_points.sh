@@ -14,6 +14,8 @@ mode=$1
 bin=$2
 command -v strace >/dev/null || { echo "SKIP: strace is not installed (scripts/install-deps.sh)"; exit 77; }
 strace -qq -o /dev/null true 2>/dev/null || { echo "SKIP: strace cannot trace here (ptrace not permitted)"; exit 77; }
+# LeakSanitizer cannot run under ptrace (sanitizer builds); leaks are the other tests' business
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 W=$(mktemp -d "${TMPDIR:-/tmp}/nibble-crash-XXXXXX")
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$W"' EXIT
 fail=0
