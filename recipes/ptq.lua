@@ -13,7 +13,8 @@ local recipe = nibble.recipe
 
 return require("nibble.cli").program(function()
   local a = recipe.args(arg, "ptq.lua", { "model", "out", "format", "algorithm", "calib", "samples", "seq_len",
-    "batch", "seed", "layout", "kv_cache", "allow_uncalibrated", "allow_long" })
+    "batch", "seed", "layout", "kv_cache", "allow_uncalibrated", "allow_long",
+    "allow_nonfinite" })
   if not a then return nil end   -- --help
   local format = recipe.check_preset(a.str("format", "nvfp4_w4a16"), "ptq.lua")
   local kv = a.str("kv_cache")
@@ -32,6 +33,7 @@ return require("nibble.cli").program(function()
     },
     export = { dir = a.str("out"), layout = a.str("layout", "modelopt") },
     allow_uncalibrated = a.bool("allow_uncalibrated", false) or nil,
+    allow_nonfinite = a.bool("allow_nonfinite", false) or nil,   -- write NaN/Inf weights as they are (reported)
     kv_cache = (kv ~= nil and kv ~= "none" and kv ~= "false") and kv or nil,
   }
 end)

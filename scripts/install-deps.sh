@@ -4,7 +4,7 @@
 set -eu
 PKGS="build-essential cmake pkg-config git ca-certificates python3 \
   luajit libluajit-5.1-dev lua-busted libcjson-dev libopenblas-dev libedit-dev \
-  libpcre2-dev python3-pip"
+  libpcre2-dev python3-pip strace"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

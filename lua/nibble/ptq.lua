@@ -256,8 +256,18 @@ function M.recipe_of(o)
   end
   if o.allow_uncalibrated then args.allow_uncalibrated = "true" end
   if o.allow_long then args.allow_long = "true" end
+  if o.allow_nonfinite then args.allow_nonfinite = "true" end
   local r = recipe.load(path, args)
   return r, args
+end
+
+-- report_nonfinite(names): what allow_nonfinite let an export write, on stderr (even with quiet: the
+-- checkpoint holds values a server will propagate).
+function M.report_nonfinite(names)
+  if names and #names > 0 then
+    io.stderr:write(("export: allow_nonfinite wrote NaN/Inf values in %d tensor(s): %s\n"):format(#names,
+      table.concat(names, ", ")))
+  end
 end
 
 -- ---- the pipeline ----------------------------------------------------------------------------------
@@ -428,13 +438,15 @@ function M.run(r, args, opts)
 
   if export.dir and not opts.no_export then
     local t0 = now()
-    result.skipped = qm:export(export.dir, { layout = export.layout or "modelopt",
+    result.skipped, result.nonfinite = qm:export(export.dir, { layout = export.layout or "modelopt",
                                              allow_uncalibrated = r.allow_uncalibrated,
+                                             allow_nonfinite = r.allow_nonfinite,
                                              max_shard_size = export.max_shard_size })
     if #result.skipped > 0 then
       log("export: allow_uncalibrated left %d module(s) unquantized: %s", #result.skipped,
           table.concat(result.skipped, ", "))
     end
+    M.report_nonfinite(result.nonfinite)
     log("export: %s (%s layout) in %.1f s", export.dir, export.layout or "modelopt", now() - t0)
     result.export_dir = export.dir
   end

@@ -219,7 +219,22 @@ function Run:restore(dir)
   return self:step_count()
 end
 
--- latest(dir): path of the newest checkpoint in dir, or nil.
+-- lock(dir): one run per checkpoint folder (flock on dir.nibble-lock, created with dir's parent when
+-- missing); an error naming dir and the other process's pid when one holds it. Returns a handle with
+-- :release() (also released by the GC, and with the process).
+function Q.lock(dir)
+  local out = ffi.new("nb_qad_lock *[1]")
+  local s = C.nb_qad_lock_dir(ctx(), dir, out)
+  if s ~= 0 then
+    local msg = ffi.string(C.nb_ctx_last_error(ctx()))
+    C.nb_ctx_clear_error(ctx())
+    error(msg, 0)
+  end
+  local h = ffi.gc(out[0], C.nb_qad_unlock_dir)
+  return { release = function() if h ~= nil then ffi.gc(h, nil); C.nb_qad_unlock_dir(h); h = nil end end }
+end
+
+-- latest(dir): path of the checkpoint a resume continues from (the newest complete one), or nil.
 function Q.latest(dir)
   local buf = ffi.new("char[4096]")
   local s = C.nb_qad_latest(ctx(), dir, buf, 4096)
@@ -695,6 +710,8 @@ function Q.run(r, args, opts)
   local every_eval = num(d, "eval_every", "distill", true, 0) or 0
   local result = { recipe = r, config = cfg, checkpoint_dir = ckdir, steps = tonumber(cfg.steps), plan = pre.plan }
   if opts.dry_run then return result end
+  -- a second run given the same checkpoint folder is refused now, before any compute
+  local lock = ckdir and Q.lock(ckdir) or nil
 
   -- models: the teacher stays as loaded; the student is quantized (PTQ without export)
   local teacher = opts.teacher or ptq.load_model(tpath)
@@ -779,8 +796,10 @@ function Q.run(r, args, opts)
 
   -- export through the normal path: the scales the student trained with
   local t0 = now()
-  result.skipped = qm:export(export.dir, { layout = export.layout or "modelopt", allow_uncalibrated = r.allow_uncalibrated,
+  result.skipped, result.nonfinite = qm:export(export.dir, { layout = export.layout or "modelopt",
+                                           allow_uncalibrated = r.allow_uncalibrated, allow_nonfinite = r.allow_nonfinite,
                                            max_shard_size = export.max_shard_size })
+  require("nibble.ptq").report_nonfinite(result.nonfinite)
   result.export_dir = export.dir
   log("export: %s (%s layout) in %.1f s", export.dir, export.layout or "modelopt", now() - t0)
   if eval_tokens and not opts.quiet then
@@ -790,6 +809,7 @@ function Q.run(r, args, opts)
     io.stdout:write(Q.table_text(rows), "\n")
   end
   result.seconds = now() - t_start
+  if lock then lock.release() end
   return result
 end
 

@@ -505,7 +505,7 @@ local function preflight(r, opts)
 
   -- where it writes
   local ckdir = d.checkpoint_dir or (export.dir and (export.dir .. "-checkpoints")) or nil
-  if export.dir then G.check_out(export.dir, { mpath, tpath }) end
+  if export.dir then G.check_out(export.dir, { mpath, tpath }, { parents = true }) end   -- the export creates them
   if ckdir then need_creatable(ckdir, "checkpoint_dir") end
   if d.metrics then
     if kind_of(d.metrics) == "dir" then error(("distill: metrics %s is a folder; give a file"):format(d.metrics), 0) end

@@ -300,8 +300,10 @@ end)
 
 -- export(dir, opts): opts layout ("modelopt" | "compressed-tensors"), allow_uncalibrated,
 -- max_shard_size ("10GB"), dtype (of unquantized tensors; default each tensor's source dtype),
--- source_dir (config/tokenizer files; default the model's directory). Atomic. Returns the list of
--- modules left unquantized because allow_uncalibrated was set.
+-- source_dir (config/tokenizer files; default the model's directory), allow_nonfinite (write NaN/Inf
+-- values instead of failing). Atomic and durable; missing parent folders are created. Returns the list
+-- of modules left unquantized because allow_uncalibrated was set, and the list of tensors written
+-- with NaN/Inf because allow_nonfinite was set.
 function QModel:export(dir, opts)
   opts = opts or {}
   if type(dir) ~= "string" then fail("qmodel:export(dir [, opts]): dir must be a path") end
@@ -313,6 +315,7 @@ function QModel:export(dir, opts)
     o.layout = l
   end
   o.allow_uncalibrated = opts.allow_uncalibrated and 1 or 0
+  o.allow_nonfinite = opts.allow_nonfinite and 1 or 0
   o.max_shard_bytes = parse_size(opts.max_shard_size)
   if opts.dtype ~= nil then o.dtype = nibble.dtype(opts.dtype) end
   local keep = opts.source_dir
@@ -323,7 +326,11 @@ function QModel:export(dir, opts)
   for i = 0, tonumber(C.nb_qmodel_export_skipped_count(p)) - 1 do
     skipped[#skipped + 1] = ffi.string(C.nb_qmodel_export_skipped(p, i))
   end
-  return skipped
+  local nonfinite = {}
+  for i = 0, tonumber(C.nb_qmodel_export_nonfinite_count(p)) - 1 do
+    nonfinite[#nonfinite + 1] = ffi.string(C.nb_qmodel_export_nonfinite(p, i))
+  end
+  return skipped, nonfinite
 end
 
 -- save(path) / restore(path): nibble's own checkpoint (weights + every quantizer's state + specs).

@@ -41,7 +41,7 @@ M.layouts = { modelopt = true, ["compressed-tensors"] = true }
 M.schema = {
   extends = true, name = true, description = true, model = "table", quantize = "list",
   algorithm = "string", calibration = "table", distill = "table", export = "table", eval = "table",
-  allow_uncalibrated = "boolean", kv_cache = true, seed = "number", threads = "number",
+  allow_uncalibrated = "boolean", allow_nonfinite = "boolean", kv_cache = true, seed = "number", threads = "number",
 }
 M.sub_schema = {
   model = { path = true, teacher = true },

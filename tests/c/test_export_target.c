@@ -2,12 +2,21 @@
  * empty directory or a previous nibble export (either layout, sharded or not, quantized or not) is
  * replaced, and everything else (a user's folder, a regular file, a symbolic link, a plain HF model
  * such as the source model itself) is refused with a message naming it, before anything is written
- * and with every byte of it left as it was. Runs on stories260K (skipped without shared data). */
+ * and with every byte of it left as it was. Missing parent folders are created; staging folders of
+ * killed processes are removed; a target another process is exporting to (its flock'd lock file) is
+ * refused; a NaN/Inf in any written tensor is refused naming it (allow_nonfinite writes and reports
+ * it); a file-size limit is an I/O error, not SIGXFSZ. Runs on stories260K (skipped without shared
+ * data). */
 #include "nbtest.h"
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char root[256];       /* mkdtemp'd, removed at the end */
@@ -400,17 +409,40 @@ static void test_hf_model(nb_ctx *ctx, nb_qmodel *qm) {
     rm_rf(dir);
 }
 
-/* Paths that cannot take an export at all. */
+/* Entries of dir beside `keep` (NULL: all of them). */
+static int entries_besides(const char *dir, const char *keep) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && (!keep || strcmp(e->d_name, keep));
+    closedir(d);
+    return n;
+}
+
+/* Missing parent folders are created (`--out out/q260` in a fresh clone), and the export equals one
+ * into an existing folder; a missing folder under a file is refused. */
 static void test_bad_paths(nb_ctx *ctx, nb_qmodel *qm) {
-    char dir[512], want[700];
-    snprintf(dir, sizeof dir, "%s/no/such", root);
-    snprintf(want, sizeof want, "export: cannot write %s: its parent directory %s/no: No such file or directory", dir,
-             root);
-    CHECK_FAIL(ctx, nb_export_check_target(ctx, dir), NB_ERR_IO, want);
-    CHECK_FAIL(ctx, nb_qmodel_export(ctx, qm, dir, NULL), NB_ERR_IO, want);
+    char dir[512], want[700], ref[512];
+    snprintf(dir, sizeof dir, "%s/no/such/out", root);
+    snprintf(ref, sizeof ref, "%s/ref", root);
+    CHECK_OK(ctx, nb_export_check_target(ctx, dir));
+    snprintf(want, sizeof want, "%s/no", root);
+    CHECK(!exists(want));   /* the check writes nothing */
+    CHECK_OK(ctx, nb_qmodel_export(ctx, qm, dir, NULL));
+    CHECK_OK(ctx, nb_qmodel_export(ctx, qm, ref, NULL));
+    size_t na = 0, nb = 0;
+    char *a = snap(dir, &na), *b = snap(ref, &nb);
+    CHECK_MSG(a && b && same_snap(a, na, b, nb), "the export into new parent folders differs from one into %s", root);
+    free(a);
+    free(b);
+    snprintf(want, sizeof want, "%s/no/such", root);
+    CHECK_EQ_INT(entries_besides(want, "out"), 0);   /* no staging folder, no lock file left */
     CHECK_EQ_INT(leftovers(), 0);
-    snprintf(dir, sizeof dir, "%s/no", root);
-    CHECK(!exists(dir));
+    snprintf(want, sizeof want, "%s/no", root);
+    rm_rf(want);
+    rm_rf(ref);
 
     /* a parent that is a file */
     char file[512];
@@ -419,6 +451,10 @@ static void test_bad_paths(nb_ctx *ctx, nb_qmodel *qm) {
     snprintf(dir, sizeof dir, "%s/f/out", root);
     snprintf(want, sizeof want, "export: cannot write %s: %s is not a directory", dir, file);
     CHECK_FAIL(ctx, nb_export_check_target(ctx, dir), NB_ERR_IO, want);
+    snprintf(dir, sizeof dir, "%s/f/a/b/out", root);
+    snprintf(want, sizeof want, "export: cannot write %s: %s is not a directory", dir, file);
+    CHECK_FAIL(ctx, nb_export_check_target(ctx, dir), NB_ERR_IO, want);
+    CHECK_FAIL(ctx, nb_qmodel_export(ctx, qm, dir, NULL), NB_ERR_IO, want);
     unlink(file);
 
     CHECK_FAIL(ctx, nb_export_check_target(ctx, ""), NB_ERR_INVALID, "export: the output directory is an empty path");
@@ -427,6 +463,172 @@ static void test_bad_paths(nb_ctx *ctx, nb_qmodel *qm) {
     CHECK_FAIL(ctx, nb_export_check_target(ctx, dir), NB_ERR_INVALID, want);
     CHECK_FAIL(ctx, nb_export_check_target(ctx, "/"), NB_ERR_INVALID,
                "export: / is not a directory an export can replace: name a new output directory");
+}
+
+/* A pid no process has: a child that has exited and been reaped. */
+static long dead_pid(void) {
+    pid_t c = fork();
+    if (c == 0) _exit(0);
+    int st;
+    waitpid(c, &st, 0);
+    return (long)c;
+}
+
+/* Staging folders of killed processes (the old layout held a whole export, loadable as a model) are
+ * removed by the next export to the same target; a live process's (here: our parent's pid) stays. */
+static void test_stale(nb_ctx *ctx, nb_qmodel *qm) {
+    char out[512], dead1[600], dead2[600], live[600], other[600], path[700];
+    snprintf(out, sizeof out, "%s/st", root);
+    long dp = dead_pid();
+    snprintf(dead1, sizeof dead1, "%s.nibble-tmp-%ld", out, dp);
+    snprintf(dead2, sizeof dead2, "%s.nibble-old-%ld-3", out, dp);
+    snprintf(live, sizeof live, "%s.nibble-tmp-%ld", out, (long)getppid());
+    snprintf(other, sizeof other, "%s/stx.nibble-tmp-%ld", root, dp);   /* another target's */
+    CHECK_OK(ctx, nb_qmodel_export(ctx, qm, dead1, NULL));
+    CHECK(mkdir(dead2, 0755) == 0);
+    CHECK(mkdir(live, 0755) == 0);
+    CHECK(mkdir(other, 0755) == 0);
+    snprintf(path, sizeof path, "%s/config.json", dead1);
+    CHECK(exists(path));
+    CHECK_OK(ctx, nb_qmodel_export(ctx, qm, out, NULL));
+    CHECK_MSG(!exists(dead1) && !exists(dead2), "%s or %s was left in place", dead1, dead2);
+    CHECK(exists(live) && exists(other));
+    rmdir(live);
+    rmdir(other);
+    CHECK_EQ_INT(entries_besides(root, "st"), 0);
+    rm_rf(out);
+}
+
+/* Another process holding the target's lock (flock on TARGET.nibble-lock, its pid inside, as nibble
+ * writes it): check and export refuse, naming the target and the pid, and write nothing. */
+static void test_lock(nb_ctx *ctx, nb_qmodel *qm) {
+    char out[512], lock[600], want[900];
+    snprintf(out, sizeof out, "%s/busy", root);
+    snprintf(lock, sizeof lock, "%s.nibble-lock", out);
+    int ready[2], done[2];
+    CHECK(pipe(ready) == 0 && pipe(done) == 0);
+    pid_t c = fork();
+    if (c == 0) {
+        int fd = open(lock, O_RDWR | O_CREAT, 0644);
+        char b[32];
+        int n = snprintf(b, sizeof b, "%ld\n", (long)getpid());
+        if (fd < 0 || flock(fd, LOCK_EX) != 0 || write(fd, b, (size_t)n) != n) _exit(1);
+        char x = 1;
+        if (write(ready[1], &x, 1) != 1) _exit(1);
+        if (read(done[0], &x, 1) < 0) _exit(1);
+        _exit(0);
+    }
+    char x = 0;
+    CHECK(read(ready[0], &x, 1) == 1);
+    snprintf(want, sizeof want, "export: %s is in use by another nibble process (pid %ld): wait for it to finish or "
+             "choose another output directory", out, (long)c);
+    CHECK_EQ_INT(nb_export_check_target(ctx, out), NB_ERR_IO);
+    CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), want), "got \"%s\"\nwanted \"%s\"", nb_ctx_last_error(ctx), want);
+    CHECK_EQ_INT(nb_qmodel_export(ctx, qm, out, NULL), NB_ERR_IO);
+    CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), want), "got \"%s\"\nwanted \"%s\"", nb_ctx_last_error(ctx), want);
+    CHECK(!exists(out));
+    CHECK_EQ_INT(entries_besides(root, "busy.nibble-lock"), 0);   /* the holder's lock file alone */
+    CHECK(write(done[1], &x, 1) == 1);
+    int st;
+    waitpid(c, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    /* the holder is gone (its lock file stays): the export goes ahead and removes the file */
+    CHECK_OK(ctx, nb_qmodel_export(ctx, qm, out, NULL));
+    CHECK(!exists(lock));
+    CHECK_EQ_INT(entries_besides(root, "busy"), 0);
+    close(ready[0]); close(ready[1]); close(done[0]); close(done[1]);
+    rm_rf(out);
+}
+
+/* value of element flat index i of the F32 parameter `name`, set to v; the old value returned */
+static float poke(nb_model *m, const char *name, int64_t i, float v) {
+    nb_tensor *t = nb_model_param(m, nb_model_find_param(m, name));
+    float *d = nb_tensor_data(t), old = d[i];
+    d[i] = v;
+    return old;
+}
+
+/* A NaN in model.norm.weight and a -Inf in an unquantized down_proj (the audit's cases): refused naming
+ * tensor and element, nothing written; allow_nonfinite writes them and lists the tensors. A finite
+ * F32 value that overflows the dtype asked for (1e6 in F16, max 65504) is refused as +Inf. */
+static void test_nonfinite(nb_ctx *ctx, nb_model *m, nb_qmodel *qm) {
+    char out[512], want[900], path[700];
+    snprintf(out, sizeof out, "%s/nf", root);
+    float old = poke(m, "model.norm.weight", 3, NAN);
+    nb_export_opts eo;
+    nb_export_opts_init(&eo);
+    CHECK_EQ_INT(nb_qmodel_export(ctx, qm, out, &eo), NB_ERR_NUMERIC);
+    CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), "export: model.norm.weight: NaN at flat index 3 (element [3]): an export "
+              "writes finite values only (allow_nonfinite = true writes it as it is)"), "got \"%s\"", nb_ctx_last_error(ctx));
+    CHECK(!exists(out));
+    CHECK_EQ_INT(entries_besides(root, NULL), 0);
+    eo.layout = NB_LAYOUT_COMPRESSED_TENSORS;
+    CHECK_EQ_INT(nb_qmodel_export(ctx, qm, out, &eo), NB_ERR_NUMERIC);
+    eo.layout = NB_LAYOUT_MODELOPT;
+
+    /* down_proj is 172 wide: 2 * 172 + 5 is element [2, 5] */
+    const char *dp = "model.layers.1.mlp.down_proj.weight";
+    float old2 = poke(m, dp, 2 * 172 + 5, -INFINITY);
+    poke(m, "model.norm.weight", 3, old);
+    CHECK_EQ_INT(nb_qmodel_export(ctx, qm, out, &eo), NB_ERR_NUMERIC);
+    snprintf(want, sizeof want, "export: %s: -Inf at flat index 349 (element [2, 5]): an export writes finite values only "
+             "(allow_nonfinite = true writes it as it is)", dp);
+    CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), want), "got \"%s\"", nb_ctx_last_error(ctx));
+
+    /* allowed: written as they are, and reported */
+    poke(m, "model.norm.weight", 3, NAN);
+    eo.allow_nonfinite = 1;
+    CHECK_OK(ctx, nb_qmodel_export(ctx, qm, out, &eo));
+    CHECK_EQ_INT(nb_qmodel_export_nonfinite_count(qm), 2);
+    CHECK(nb_qmodel_export_nonfinite(qm, 0) && !strcmp(nb_qmodel_export_nonfinite(qm, 0), dp));
+    CHECK(nb_qmodel_export_nonfinite(qm, 1) && !strcmp(nb_qmodel_export_nonfinite(qm, 1), "model.norm.weight"));
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    nb_st *st = NULL;
+    nb_tensor *t = NULL;
+    CHECK_OK(ctx, nb_st_open(ctx, path, &st));
+    if (st) CHECK_OK(ctx, nb_st_get(ctx, st, "model.norm.weight", &t));
+    if (t) {
+        int64_t i3 = 3;
+        CHECK(isnan(nb_tensor_get(t, &i3)));
+    }
+    nb_tensor_release(t);
+    nb_st_close(st);
+    poke(m, "model.norm.weight", 3, old);
+    poke(m, dp, 2 * 172 + 5, old2);
+    eo.allow_nonfinite = 0;
+    CHECK_OK(ctx, nb_qmodel_export(ctx, qm, out, &eo));
+    CHECK_EQ_INT(nb_qmodel_export_nonfinite_count(qm), 0);   /* the list is the last export's */
+
+    old = poke(m, "model.norm.weight", 0, 1e6f);
+    eo.dtype = NB_F16;
+    CHECK_EQ_INT(nb_qmodel_export(ctx, qm, out, &eo), NB_ERR_NUMERIC);
+    CHECK_MSG(strstr(nb_ctx_last_error(ctx), "export: model.norm.weight: +Inf at flat index 0 (element [0])") != NULL,
+              "got \"%s\"", nb_ctx_last_error(ctx));
+    poke(m, "model.norm.weight", 0, old);
+    rm_rf(out);
+}
+
+/* Under a file-size limit smaller than model.safetensors (462,048 bytes) the export fails with a named
+ * I/O error and leaves nothing; before, SIGXFSZ killed the process (this test) outright. */
+static void test_file_size_limit(nb_ctx *ctx, nb_qmodel *qm) {
+    char out[512], want[900];
+    snprintf(out, sizeof out, "%s/xf", root);
+    struct rlimit old, lim;
+    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    lim = old;
+    lim.rlim_cur = 300 * 1024;   /* ulimit -f 300 */
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    nb_status s = nb_qmodel_export(ctx, qm, out, NULL);
+    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    snprintf(want, sizeof want, "cannot write %s.nibble-tmp-%ld/export/model.safetensors: File too large", out,
+             (long)getpid());
+    CHECK_EQ_INT(s, NB_ERR_IO);
+    CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), want), "got \"%s\"\nwanted \"%s\"", nb_ctx_last_error(ctx), want);
+    CHECK(!exists(out));
+    CHECK_EQ_INT(entries_besides(root, NULL), 0);
+    sigset_t pend;
+    sigpending(&pend);
+    CHECK(!sigismember(&pend, SIGXFSZ));   /* nothing left to kill us later */
 }
 
 int main(void) {
@@ -448,6 +650,10 @@ int main(void) {
         test_foreign(ctx, qm);
         test_hf_model(ctx, qm);
         test_bad_paths(ctx, qm);
+        test_stale(ctx, qm);
+        test_lock(ctx, qm);
+        test_nonfinite(ctx, m, qm);
+        test_file_size_limit(ctx, qm);
     }
     nb_qmodel_free(plain);
     nb_qmodel_free(qm);

@@ -542,11 +542,48 @@ static void test_resume_flag(nb_ctx *ctx, const char *ref) {
     snprintf(empty, sizeof empty, "%s/no_ckpt", tmpdir);
     CHECK_FAIL(ctx, nb_qad_restore(ctx, S.q, empty), NB_ERR_NOT_FOUND, "no QAD checkpoint");
     session_close(&S);
+
+    /* a kill between step-12's rename and the `latest` update: latest still names step-8, and the
+     * resume takes step-12 all the same (its manifest verifies it) */
+    char p[700], want[700];
+    snprintf(p, sizeof p, "%s/latest", ck);
+    FILE *f = fopen(p, "wb");
+    CHECK(f && fputs("step-00000008\n", f) >= 0);
+    if (f) fclose(f);
+    snprintf(want, sizeof want, "%s/step-00000012", ck);
+    CHECK_OK(ctx, nb_qad_latest(ctx, ck, name, sizeof name));
+    CHECK_MSG(!strcmp(name, want), "latest: %s", name);
+    /* a step folder its manifest does not verify (a file cut short) is passed over for the one before */
+    snprintf(p, sizeof p, "%s/step-00000012/trainer.safetensors", ck);
+    CHECK(truncate(p, 1000) == 0);
+    snprintf(want, sizeof want, "%s/step-00000008", ck);
+    CHECK_OK(ctx, nb_qad_latest(ctx, ck, name, sizeof name));
+    CHECK_MSG(!strcmp(name, want), "latest: %s", name);
+    snprintf(p, sizeof p, "%s/step-00000008/student.safetensors", ck);
+    CHECK(truncate(p, 1000) == 0);
+    snprintf(want, sizeof want, "no complete QAD checkpoint in %s (2 step folder(s), none verified by its manifest.json)", ck);
+    CHECK_FAIL(ctx, nb_qad_latest(ctx, ck, name, sizeof name), NB_ERR_NOT_FOUND, want);
+
+    /* one run per checkpoint folder: a second lock (another open file, as another process has) is refused */
+    nb_qad_lock *l1 = NULL, *l2 = NULL;
+    CHECK_OK(ctx, nb_qad_lock_dir(ctx, ck, &l1));
+    snprintf(want, sizeof want, "qad: checkpoint_dir: %s is in use by another nibble process (pid %ld): wait for it to "
+             "finish or give another checkpoint_dir", ck, (long)getpid());
+    CHECK_EQ_INT(nb_qad_lock_dir(ctx, ck, &l2), NB_ERR_IO);
+    CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), want), "got \"%s\"", nb_ctx_last_error(ctx));
+    CHECK(l2 == NULL);
+    nb_qad_unlock_dir(l1);
+    snprintf(p, sizeof p, "%s.nibble-lock", ck);
+    CHECK(access(p, F_OK) != 0);   /* released: the lock file goes */
+    CHECK_OK(ctx, nb_qad_lock_dir(ctx, ck, &l2));
+    nb_qad_unlock_dir(l2);
 }
 
 
-/* The child: a whole run that checkpoints every step (killed at some moment by the parent). */
-static int child_main(const char *ck) {
+/* The child: a whole run that checkpoints every step, resumed from CK when it holds a checkpoint (killed
+ * at some moment by the parent). With OUT (tests/crash/crash_points.sh's run, killed at each file-system
+ * call of one save, then run again) it exports there at the end: the bytes of a run never killed. */
+static int child_main(const char *ck, const char *out) {
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(2, &ctx)) return 2;
     nb_qad_cfg cfg;
@@ -554,7 +591,12 @@ static int child_main(const char *ck) {
     session S;
     session_open(ctx, &S, &cfg);
     if (!S.q) return 3;
+    char name[512];
+    if (nb_qad_latest(ctx, ck, name, sizeof name) == NB_OK) CHECK_OK(ctx, nb_qad_restore(ctx, S.q, ck));
+    else nb_ctx_clear_error(ctx);
+    printf("resumed from step %lld\n", (long long)nb_qad_step_count(S.q));
     run_to_end(ctx, &S, ck, 1);
+    if (out) export_to(ctx, &S, out);
     session_close(&S);
     nb_ctx_release(ctx);
     return nbt_failures ? 1 : 0;
@@ -700,7 +742,8 @@ static void test_errors(nb_ctx *ctx) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && strcmp(argv[1], "--child") == 0) return child_main(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--child") == 0) return child_main(argv[2], NULL);
+    if (argc == 4 && strcmp(argv[1], "--crash-run") == 0) return child_main(argv[2], argv[3]);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/nb_test_qad_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
     nb_ctx *ctx = NULL;

@@ -496,9 +496,13 @@ describe("recipes/qad.lua", function()
     assert.matches("cannot be written", refused { metrics = "/nonexistent/m.jsonl" })
     -- where the export goes
     assert.are.equal("export: out=/proc/x: cannot write in /proc", refused { out = "/proc/x" })
-    assert.are.equal("export: out=/nonexistent/x: the folder /nonexistent does not exist", refused { out = "/nonexistent/x" })
     nbspec.write(tmp .. "/afile", "x")
     assert.are.equal(("export: out=%s/afile is a file, not a folder"):format(tmp), refused { out = tmp .. "/afile" })
+    -- missing folders above out are created by the export (as `nibble quantize --out out/q260` does); not under a file
+    dry { format = "nvfp4_w4a16", out = tmp .. "/new/deeper/x" }
+    assert.is_false(nbspec.exists(tmp .. "/new"))   -- a dry run creates nothing
+    assert.are.equal(("export: the folder of out=%s/afile/x %s/afile is a file, not a folder"):format(tmp, tmp),
+                     refused { out = tmp .. "/afile/x" })
     os.execute(("mkdir -p %s && echo hi > %s"):format(nbspec.quote(tmp .. "/mine"), nbspec.quote(tmp .. "/mine/notes.txt")))
     assert.matches("exists and is not a nibble export", refused { out = tmp .. "/mine" })
     local copy = tmp .. "/model-copy"

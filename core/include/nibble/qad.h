@@ -111,18 +111,30 @@ double nb_qad_lr_at(const nb_qad *q, int64_t step);
 
 /* --- checkpoints -------------------------------------------------------------------------------
  * A checkpoint is a directory: student.safetensors (nb_qmodel_save: master weights, quantizer state,
- * specs) and trainer.safetensors (AdamW m and v per parameter; metadata: step, AdamW step counts, the
- * dataloader cursor, the context RNG, the settings the run depends on). nb_qad_save writes it at
- * dir/step-<step> through a temporary sibling that is renamed into place, then replaces dir/latest
+ * specs), trainer.safetensors (AdamW m and v per parameter; metadata: step, AdamW step counts, the
+ * dataloader cursor, the context RNG, the settings the run depends on) and manifest.json (each file's
+ * size and FNV-1a hash, written last). nb_qad_save writes it at dir/step-<step> through a temporary
+ * sibling (.step-<step>.tmp-<pid>) that is fsynced and renamed into place, then replaces dir/latest
  * (a one-line file naming it) the same way, then removes older step-* directories beyond `keep`
- * (<= 0: keep 2). A kill at any moment leaves dir/latest naming a complete checkpoint (or no
- * dir/latest at all). Call it with the context's interrupt flag cleared (writers stop on it). */
+ * (<= 0: keep 2); dir is fsynced after each rename. A kill at any moment leaves the newest complete
+ * step folder findable by nb_qad_latest. A file-size limit is NB_ERR_IO ("File too large"), not
+ * SIGXFSZ. Call it with the context's interrupt flag cleared (writers stop on it). */
 nb_status nb_qad_save(nb_ctx *ctx, nb_qad *q, const char *dir, int32_t keep);
-/* Restore from dir/latest (or from dir itself when it is a checkpoint directory). NB_ERR_NOT_FOUND
- * when there is no checkpoint; NB_ERR_INVALID, naming the setting, when it was written by a run with
- * different settings (loss, lr schedule, steps, grad_accum, clip, weight decay, mask rule, dataloader). */
+/* Restore from the checkpoint nb_qad_latest finds. NB_ERR_NOT_FOUND when there is none; NB_ERR_INVALID,
+ * naming the setting, when it was written by a run with different settings (loss, lr schedule, steps,
+ * grad_accum, clip, weight decay, mask rule, dataloader). */
 nb_status nb_qad_restore(nb_ctx *ctx, nb_qad *q, const char *dir);
-/* Path of the checkpoint dir/latest names, into buf (NB_ERR_NOT_FOUND when none). */
+/* Path of the checkpoint to resume from, into buf: dir itself when it is a step folder, else the
+ * newest dir/step-* folder its manifest.json verifies (sizes and hashes; a folder from before
+ * manifests only when dir/latest names it), whatever dir/latest says. NB_ERR_NOT_FOUND when none. */
 nb_status nb_qad_latest(nb_ctx *ctx, const char *dir, char *buf, int64_t buf_len);
+
+/* One run per checkpoint folder: an exclusive flock on dir.nibble-lock (created, with the folder above
+ * dir when missing), held until nb_qad_unlock_dir or the process ends. Another process holding it is
+ * NB_ERR_IO "qad: checkpoint_dir: <dir> is in use by another nibble process (pid N): wait for it to
+ * finish or give another checkpoint_dir". */
+typedef struct nb_qad_lock nb_qad_lock;
+nb_status nb_qad_lock_dir(nb_ctx *ctx, const char *dir, nb_qad_lock **out);
+void nb_qad_unlock_dir(nb_qad_lock *l);
 
 #endif

@@ -104,19 +104,30 @@ typedef struct nb_export_opts {
                                      (BF16 for tensors dequantized from a quantized GGUF) */
     const char *source_dir;       /* HF dir to take config.json / tokenizer / generation files from;
                                      NULL = the model's own directory (nothing for GGUF or memory models) */
+    int32_t allow_nonfinite;      /* write NaN/Inf values (reported) instead of failing */
 } nb_export_opts;
 
 void nb_export_opts_init(nb_export_opts *o);
-/* Write the checkpoint into dir atomically: everything goes to a temporary sibling directory that
- * is renamed over dir at the end; on any failure nothing is left behind. dir must pass
- * nb_export_check_target, which is asked before anything is written and again just before the
- * rename: an existing dir is only ever replaced when it is empty or a previous nibble export. */
+/* Write the checkpoint into dir atomically and durably. Missing parent folders of dir are created.
+ * The files are written into dir.nibble-tmp-<pid>/export/, beside an INCOMPLETE file saying what the
+ * folder is, so an unfinished export is never a folder that looks like a model; every file and the
+ * folder are fsynced, export/ is swapped into place by one rename (an exchange when dir exists) and
+ * the parent folder fsynced; on any failure nothing is left behind, and staging folders that killed
+ * processes left for the same dir are removed. dir.nibble-lock is flock'd meanwhile: a second
+ * process exporting to the same dir is refused (NB_ERR_IO, "export: <dir> is in use by another
+ * nibble process (pid N): ..."). dir must pass nb_export_check_target, which is asked before
+ * anything is written and again just before the rename: an existing dir is only ever replaced when
+ * it is empty or a previous nibble export. Every float tensor written must be finite: a NaN or Inf
+ * is NB_ERR_NUMERIC naming the tensor and element, unless opts->allow_nonfinite (then the tensor is
+ * listed by nb_qmodel_export_nonfinite). A file-size limit is NB_ERR_IO ("File too large"), not
+ * SIGXFSZ. */
 nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb_export_opts *opts);
 
 /* May an export be written to dir? Ask before hours of calibration or QAD; nb_qmodel_export asks
  * it too. Writes nothing.
  *
- * NB_OK when dir does not exist (its parent must be an existing, writable directory), when dir is
+ * NB_OK when dir does not exist (the nearest existing folder above it must be a writable directory;
+ * the export creates the missing ones), when dir is
  * an empty directory, or when dir is a directory a previous nibble export wrote, which is then
  * replaced as a whole. A previous nibble export is recognised by two things together:
  *   1. every entry in it is a regular file (no subdirectory, no symbolic link) with a name an export
@@ -130,7 +141,8 @@ nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb
  *      "nibble", ...} (what ModelOpt-layout exports carried before the safetensors mark).
  * So a plain Hugging Face model directory (such as the source model's own), a directory holding
  * anything else (notes.txt, a subdirectory, a README.md added to an export) and a regular file are
- * all refused, and nothing in them is touched.
+ * all refused, and nothing in them is touched. So is a dir another process is exporting to now
+ * (its dir.nibble-lock is held).
  *
  * Errors: NB_ERR_INVALID naming dir and why ("export: /x/out exists and is not a nibble export (it
  * holds notes.txt): remove it or choose another output directory"; "... exists and is a file, not a
@@ -141,6 +153,9 @@ nb_status nb_export_check_target(nb_ctx *ctx, const char *dir);
  * uncalibrated, the KV quantizers by name: the export then carries no KV cache quantization at all). */
 int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm);
 const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i);
+/* Tensors the last export wrote with NaN/Inf values because allow_nonfinite was set. */
+int64_t nb_qmodel_export_nonfinite_count(const nb_qmodel *qm);
+const char *nb_qmodel_export_nonfinite(const nb_qmodel *qm, int64_t i);
 
 /* --- nibble's own checkpoint ------------------------------------------------------------------ */
 /* One safetensors file: every master parameter ("param/<name>", F32), every quantizer state tensor

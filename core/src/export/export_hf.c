@@ -1,11 +1,13 @@
 /* Export of a quantized model as a Hugging Face checkpoint in the ModelOpt layout (FORMATS.md §3:
  * weight / weight_scale / weight_scale_2 / input_scale) or the compressed-tensors layout (§4:
  * weight_packed, inverted global scales): the tensors and the driver. Every quantized weight goes
- * through its nb_quantizer, the one that fake-quantized it in training. Files are written into a
- * temporary sibling directory that replaces the target only when all is written, and only a
- * target nb_export_check_target accepts is ever replaced (export_target.c). The JSON files come
- * from export_config.c. */
+ * through its nb_quantizer, the one that fake-quantized it in training, and every float tensor is
+ * checked finite. Files are written into target.nibble-tmp-PID/export/ (beside an INCOMPLETE note),
+ * fsynced, and swapped into place only when all is written, under target's lock; only a target
+ * nb_export_check_target accepts is ever replaced (export_target.c). The JSON files come from
+ * export_config.c. */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +17,9 @@
 #include <cjson/cJSON.h>
 
 #include "export/export_internal.h"
+#include "io/durable.h"
 #include "io/json_py.h"
+#include "quant/quant_internal.h"
 #include "nibble/safetensors.h"
 #include "nibble/tokenizer.h"
 
@@ -33,22 +37,6 @@ static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *
 }
 
 static void rm_rf(const char *path) { nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
-
-static nb_status copy_file(nb_ctx *ctx, const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) return nb_fail(ctx, NB_ERR_IO, "cannot read %s: %s", src, strerror(errno));
-    FILE *out = fopen(dst, "wb");
-    if (!out) { fclose(in); return nb_fail(ctx, NB_ERR_IO, "cannot write %s: %s", dst, strerror(errno)); }
-    char buf[1 << 16];
-    size_t n;
-    int ok = 1;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) { ok = 0; break; }
-    if (ferror(in)) ok = 0;
-    fclose(in);
-    if (fclose(out) != 0) ok = 0;
-    return ok ? NB_OK : nb_fail(ctx, NB_ERR_IO, "cannot copy %s to %s", src, dst);
-}
 
 static int file_exists(const char *p) {
     struct stat st;
@@ -72,10 +60,44 @@ static nb_dtype out_dtype(const nb_qmodel *qm, int64_t param, const nb_export_op
 
 /* ---- tensors -------------------------------------------------------------------------------- */
 
-static nb_status add_named(nb_ctx *ctx, nb_st_writer *w, const char *module, const char *suffix, const nb_tensor *t) {
+/* Remember a tensor written with NaN/Inf values (allow_nonfinite), for the caller's report. */
+static nb_status note_nonfinite(nb_ctx *ctx, nb_qmodel *qm, const char *name) {
+    char **grown = realloc(qm->nonfinite, (size_t)(qm->n_nonfinite + 1) * sizeof *grown);
+    if (!grown) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+    qm->nonfinite = grown;
+    size_t n = strlen(name) + 1;
+    if (!(qm->nonfinite[qm->n_nonfinite] = malloc(n))) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+    memcpy(qm->nonfinite[qm->n_nonfinite++], name, n);
+    return NB_OK;
+}
+
+/* Every tensor the export writes goes through here: a float tensor holding NaN/Inf is refused, naming
+ * it and the element (quantized modules' weights were refused so by their quantizer already), or
+ * written and reported when allow_nonfinite. */
+static nb_status add_tensor(nb_ctx *ctx, nb_st_writer *w, nb_qmodel *qm, const nb_export_opts *o, const char *name,
+                            const nb_tensor *t) {
+    if (t->dtype == NB_F32 || t->dtype == NB_BF16 || t->dtype == NB_F16) {
+        nb_tensor *c = NULL;
+        nb_status s = nb_tensor_is_contiguous(t) ? NB_OK : nb_tensor_contiguous(ctx, t, &c);
+        char what[1300];
+        snprintf(what, sizeof what, "export: %s", name);
+        if (!s) s = nbq_check_finite_why(ctx, c ? c : t, what,
+                                         ": an export writes finite values only (allow_nonfinite = true writes it as it is)");
+        nb_tensor_release(c);
+        if (s == NB_ERR_NUMERIC && o->allow_nonfinite) {
+            nb_ctx_clear_error(ctx);
+            s = note_nonfinite(ctx, qm, name);
+        }
+        if (s) return s;
+    }
+    return nb_st_writer_add(ctx, w, name, t);
+}
+
+static nb_status add_named(nb_ctx *ctx, nb_st_writer *w, nb_qmodel *qm, const nb_export_opts *o, const char *module,
+                           const char *suffix, const nb_tensor *t) {
     char name[1200];
     snprintf(name, sizeof name, "%s.%s", module, suffix);
-    return nb_st_writer_add(ctx, w, name, t);
+    return add_tensor(ctx, w, qm, o, name, t);
 }
 
 /* llm-compressor keeps FP8 scales in the model dtype. Rounding a scale to BF16 would make the checkpoint
@@ -83,7 +105,7 @@ static nb_status add_named(nb_ctx *ctx, nb_st_writer *w, const char *module, con
  * writes them as F32 [1] / [o, 1], which vLLM and compressed-tensors upcast to anyway. */
 static nb_dtype ct_fp8_scale_dtype(void) { return NB_F32; }
 
-static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm, const nb_qmod *q, const nb_export_opts *o) {
+static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, nb_qmodel *qm, const nb_qmod *q, const nb_export_opts *o) {
     nb_tensor *wt = nb_model_param(qm->m, q->info.weight_param);
     nb_qtensor *qt = NULL;
     nb_status s = nb_quantizer_quantize(ctx, q->wq, wt, &qt);
@@ -92,37 +114,37 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm
     int32_t f = q->spec.weight_format;
     nb_tensor *extra = NULL;
     if (f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46) {
-        s = add_named(ctx, w, q->name, ct ? "weight_packed" : "weight", qt->data);
-        if (!s) s = add_named(ctx, w, q->name, "weight_scale", qt->scale);
+        s = add_named(ctx, w, qm, o, q->name, ct ? "weight_packed" : "weight", qt->data);
+        if (!s) s = add_named(ctx, w, qm, o, q->name, "weight_scale", qt->scale);
         if (!s) {
             float s2 = *(const float *)nb_tensor_data(qt->scale2);
             /* CT stores the inverse of ModelOpt's per-tensor scale (FORMATS §4.1) */
             if (ct) s = scalar_f32(ctx, 1.0f / s2, 1, NB_F32, &extra);
-            if (!s) s = add_named(ctx, w, q->name, ct ? "weight_global_scale" : "weight_scale_2", ct ? extra : qt->scale2);
+            if (!s) s = add_named(ctx, w, qm, o, q->name, ct ? "weight_global_scale" : "weight_scale_2", ct ? extra : qt->scale2);
             nb_tensor_release(extra);
             extra = NULL;
         }
     } else if (f == NB_FMT_FP8_TENSOR && ct) {
         float sc = *(const float *)nb_tensor_data(qt->scale);
-        s = add_named(ctx, w, q->name, "weight", qt->data);
+        s = add_named(ctx, w, qm, o, q->name, "weight", qt->data);
         if (!s) s = scalar_f32(ctx, sc, 1, ct_fp8_scale_dtype(), &extra);
-        if (!s) s = add_named(ctx, w, q->name, "weight_scale", extra);
+        if (!s) s = add_named(ctx, w, qm, o, q->name, "weight_scale", extra);
         nb_tensor_release(extra);
         extra = NULL;
     } else if (f == NB_FMT_FP8_CHANNEL && ct) {
         /* CT's channel strategy: weight_scale [o, 1] (it broadcasts over columns) */
         nb_tensor *conv = NULL;
         int64_t shape[2] = {q->info.out_features, 1};
-        s = add_named(ctx, w, q->name, "weight", qt->data);
+        s = add_named(ctx, w, qm, o, q->name, "weight", qt->data);
         if (!s) s = nb_tensor_to(ctx, qt->scale, ct_fp8_scale_dtype(), &conv);
         if (!s) s = nb_tensor_view(ctx, conv, 2, shape, &extra);
-        if (!s) s = add_named(ctx, w, q->name, "weight_scale", extra);
+        if (!s) s = add_named(ctx, w, qm, o, q->name, "weight_scale", extra);
         nb_tensor_release(conv);
         nb_tensor_release(extra);
         extra = NULL;
     } else {
-        s = add_named(ctx, w, q->name, "weight", qt->data);
-        if (!s) s = add_named(ctx, w, q->name, "weight_scale", qt->scale);
+        s = add_named(ctx, w, qm, o, q->name, "weight", qt->data);
+        if (!s) s = add_named(ctx, w, qm, o, q->name, "weight_scale", qt->scale);
     }
     if (!s && q->iq && nb_quantizer_enabled(q->iq)) {
         float is;
@@ -132,7 +154,7 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm
             if (ct && nvfp4_in) s = scalar_f32(ctx, 1.0f / is, 1, NB_F32, &extra);
             else if (ct) s = scalar_f32(ctx, is, 1, ct_fp8_scale_dtype(), &extra);
             else s = scalar_f32(ctx, is, 0, NB_F32, &extra);
-            if (!s) s = add_named(ctx, w, q->name, ct && nvfp4_in ? "input_global_scale" : "input_scale", extra);
+            if (!s) s = add_named(ctx, w, qm, o, q->name, ct && nvfp4_in ? "input_global_scale" : "input_scale", extra);
             nb_tensor_release(extra);
         }
     }
@@ -157,6 +179,10 @@ static nb_status decide(nb_ctx *ctx, nb_qmodel *qm, const nb_export_opts *o, int
     free(qm->skipped);
     qm->skipped = NULL;
     qm->n_skipped = 0;
+    for (int64_t i = 0; i < qm->n_nonfinite; i++) free(qm->nonfinite[i]);
+    free(qm->nonfinite);
+    qm->nonfinite = NULL;
+    qm->n_nonfinite = 0;
     for (int64_t i = 0; i < qm->n; i++) {
         nb_qmod *q = &qm->mods[i];
         included[i] = q->wq && nb_quantizer_enabled(q->wq);
@@ -249,7 +275,7 @@ static nb_status write_gguf_tokenizer(nb_ctx *ctx, const char *gguf_path, const 
 /* k_scale / v_scale of every layer: ModelOpt puts them on k_proj / v_proj as 0-d F32 (its
  * _KV_CACHE_REPLACEMENTS: k_bmm_quantizer._amax -> k_proj.k_scale = amax / 448); llm-compressor on the
  * attention module (self_attn.k_scale), [1], here F32 like nibble's other compressed-tensors FP8 scales. */
-static nb_status add_kv_scales(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm, const nb_export_opts *o) {
+static nb_status add_kv_scales(nb_ctx *ctx, nb_st_writer *w, nb_qmodel *qm, const nb_export_opts *o) {
     int ct = o->layout == NB_LAYOUT_COMPRESSED_TENSORS;
     nb_status s = NB_OK;
     for (int64_t k = 0; !s && k < 2 * qm->n_layers; k++) {
@@ -261,7 +287,7 @@ static nb_status add_kv_scales(nb_ctx *ctx, nb_st_writer *w, const nb_qmodel *qm
         nb_tensor *t = NULL;
         s = nb_quantizer_scale(ctx, qm->kvq[k], &sc);
         if (!s) s = scalar_f32(ctx, sc, ct ? 1 : 0, ct ? ct_fp8_scale_dtype() : NB_F32, &t);
-        if (!s) s = nb_st_writer_add(ctx, w, name, t);
+        if (!s) s = add_tensor(ctx, w, qm, o, name, t);
         nb_tensor_release(t);
     }
     return s;
@@ -291,7 +317,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
         nb_dtype dt = out_dtype(qm, p, o);
         if (p == 0) main_dt = dt;
         s = nb_tensor_to(ctx, t, dt, &c);
-        if (!s) s = nb_st_writer_add(ctx, w, nb_model_param_name(qm->m, p), c);
+        if (!s) s = add_tensor(ctx, w, qm, o, nb_model_param_name(qm->m, p), c);
         nb_tensor_release(c);
     }
     free(owner);
@@ -380,7 +406,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
         nbx_join_path(src, sizeof src, srcdir, nbx_copied_files[k]);
         if (!file_exists(src)) continue;
         nbx_join_path(path, sizeof path, tmp, nbx_copied_files[k]);
-        s = copy_file(ctx, src, path);
+        s = nb_copy_file_durable(ctx, src, path);
     }
     if (!s && nb_model_format_of(qm->m) == NB_MODEL_GGUF) s = write_gguf_tokenizer(ctx, nb_model_path(qm->m), tmp);
     return s;
@@ -401,36 +427,67 @@ nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb
 
     size_t L = strlen(dir);
     while (L > 1 && dir[L - 1] == '/') L--;
-    char target[4096], tmp[4200], old[4200];
+    char target[4096], stage[4200], payload[4300], note[4300];
     snprintf(target, sizeof target, "%.*s", (int)L, dir);
-    if (nbx_free_sibling(tmp, sizeof tmp, target, "nibble-tmp", 1) != 0) {
-        free(included);
-        return nb_fail(ctx, NB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    /* one export per target at a time; the lock also creates the missing parent folders */
+    nb_lockfile lock = {0};
+    if ((s = nb_lock_path(ctx, target, "export", NBX_BUSY, &lock))) { free(included); return s; }
+    nbx_remove_stale(target, rm_rf);
+    nb_xfsz_guard xg;
+    nb_xfsz_guard_begin(&xg);
+    int made = 0;   /* the staging folder is ours to remove */
+    if (nbx_free_sibling(stage, sizeof stage, target, "nibble-tmp", 1) != 0) {
+        s = nb_fail(ctx, NB_ERR_IO, "cannot create %s: %s", stage, strerror(errno));
+        goto out;
     }
-    s = write_all(ctx, qm, tmp, &o, included, kv);
-    free(included);
+    made = 1;
+    /* the staging folder is not a model: the files go one level down, next to a note that says what
+     * this is, and only that subfolder is renamed into place */
+    nbx_join_path(note, sizeof note, stage, "INCOMPLETE");
+    nbx_join_path(payload, sizeof payload, stage, "export");
+    char text[4600];
+    int n = snprintf(text, sizeof text, "an unfinished nibble export of %s (process %ld): not a model; the next export "
+                     "to %s removes it once that process has ended\n", target, (long)getpid(), target);
+    s = nb_write_file_durable(ctx, note, text, (size_t)n);
+    if (!s && mkdir(payload, 0755) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot create %s: %s", payload, strerror(errno));
+    if (!s) s = write_all(ctx, qm, payload, &o, included, kv);
+    if (!s) s = nb_fsync_dir_files(ctx, payload);
     /* asked again: something may have appeared at the target while the export was written */
-    if (!s) s = nb_export_check_target(ctx, target);
-    if (s) { rm_rf(tmp); return s; }
+    if (!s) s = nbx_check_target(ctx, target, 0);
+    if (s) goto out;
     struct stat st;
-    int had = lstat(target, &st) == 0;
-    if (had && nbx_free_sibling(old, sizeof old, target, "nibble-old", 0) != 0) {
-        int e = errno;
-        rm_rf(tmp);
-        return nb_fail(ctx, NB_ERR_IO, "cannot find a free name to move the old %s aside: %s", target, strerror(e));
+    if (lstat(target, &st) == 0) {
+        /* one step: the target is the old export or the new one, never missing; the old one ends up
+         * inside the staging folder, removed with it */
+        if (renameat2(AT_FDCWD, payload, AT_FDCWD, target, RENAME_EXCHANGE) != 0) {
+            if (errno != EINVAL && errno != ENOSYS) {
+                s = nb_fail(ctx, NB_ERR_IO, "cannot rename %s to %s: %s", payload, target, strerror(errno));
+                goto out;
+            }
+            /* a file system without the exchange: move the old one into the staging folder first */
+            char old[4300];
+            nbx_join_path(old, sizeof old, stage, "old");
+            if (rename(target, old) != 0) {
+                s = nb_fail(ctx, NB_ERR_IO, "cannot move the old %s aside: %s", target, strerror(errno));
+                goto out;
+            }
+            if (rename(payload, target) != 0) {
+                int e = errno;
+                if (rename(old, target) != 0) made = 0;   /* the old export stays where it is now */
+                s = nb_fail(ctx, NB_ERR_IO, "cannot rename %s to %s: %s", payload, target, strerror(e));
+                goto out;
+            }
+        }
+    } else if (rename(payload, target) != 0) {
+        s = nb_fail(ctx, NB_ERR_IO, "cannot rename %s to %s: %s", payload, target, strerror(errno));
+        goto out;
     }
-    if (had && rename(target, old) != 0) {
-        int e = errno;
-        rm_rf(tmp);
-        return nb_fail(ctx, NB_ERR_IO, "cannot move the old %s aside: %s", target, strerror(e));
-    }
-    if (rename(tmp, target) != 0) {
-        int e = errno;
-        if (had) rename(old, target);
-        rm_rf(tmp);
-        return nb_fail(ctx, NB_ERR_IO, "cannot rename %s to %s: %s", tmp, target, strerror(e));
-    }
-    /* only an empty directory or a previous nibble export was moved aside */
-    if (had) rm_rf(old);
-    return NB_OK;
+    s = nb_fsync_parent(ctx, target);
+out:
+    /* only an empty directory or a previous nibble export was swapped into the staging folder */
+    if (made) rm_rf(stage);
+    nb_xfsz_guard_end(&xg);
+    nb_unlock_path(&lock);
+    free(included);
+    return s;
 }

@@ -18,9 +18,16 @@ int nbx_join_path(char *out, size_t cap, const char *dir, const char *name);
 /* The files write_all copies from the source directory (or writes for a GGUF's tokenizer); NULL-ended.
  * nb_export_check_target counts them as an export's own. */
 extern const char *const nbx_copied_files[];
+/* nb_export_check_target; check_lock 0 when this process holds target's lock itself. */
+nb_status nbx_check_target(nb_ctx *ctx, const char *dir, int check_lock);
 /* A sibling of target that does not exist yet: target + tag + pid (+ a counter), created as a
  * directory when make. 0, or -1 with errno set. */
 int nbx_free_sibling(char *out, size_t cap, const char *target, const char *tag, int make);
+/* Remove (with remove_tree) the staging and moved-aside siblings of target (target.nibble-tmp-PID,
+ * target.nibble-old-PID) whose process no longer exists. Call it holding target's lock. */
+void nbx_remove_stale(const char *target, void (*remove_tree)(const char *));
+/* The advice of a refusal because another process holds target's lock. */
+#define NBX_BUSY "wait for it to finish or choose another output directory"
 
 /* ---- export_config.c ---- */
 

@@ -1,9 +1,11 @@
-/* Where an export may go: nb_export_check_target accepts only a missing target, an empty directory
- * or a previous nibble export (the names an export writes, the producer=nibble mark), and
- * nbx_free_sibling finds the temp / old sibling names the swap into place uses. */
+/* Where an export may go: nb_export_check_target accepts only a missing target (whose missing parent
+ * folders the export creates), an empty directory or a previous nibble export (the names an export
+ * writes, the producer=nibble mark), and none another process is exporting to; nbx_free_sibling finds
+ * the staging sibling's name and nbx_remove_stale removes the staging siblings killed processes left. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "export/export_internal.h"
+#include "io/durable.h"
 #include "nibble/safetensors.h"
 
 /* dir + "/" + name into out; 0 if it fit. */
@@ -77,7 +80,9 @@ static int has_nibble_mark(nb_ctx *ctx, const char *dir) {
 
 #define NOT_OURS "remove it or choose another output directory"
 
-nb_status nb_export_check_target(nb_ctx *ctx, const char *dir) {
+nb_status nb_export_check_target(nb_ctx *ctx, const char *dir) { return nbx_check_target(ctx, dir, 1); }
+
+nb_status nbx_check_target(nb_ctx *ctx, const char *dir, int check_lock) {
     if (!dir || !*dir) return nb_fail(ctx, NB_ERR_INVALID, "export: the output directory is an empty path");
     size_t L = strlen(dir);
     while (L > 1 && dir[L - 1] == '/') L--;
@@ -92,8 +97,14 @@ nb_status nb_export_check_target(nb_ctx *ctx, const char *dir) {
     if (!slash) snprintf(parent, sizeof parent, ".");
     else snprintf(parent, sizeof parent, "%.*s", (int)(slash == target ? 1 : slash - target), target);
 
-    /* the export is a sibling temp directory renamed into place: the parent must take it */
+    /* the export is a sibling staging directory renamed into place: the parent must take it, or the
+     * nearest existing folder above it must take the missing ones (the export creates them) */
     struct stat st;
+    while (stat(parent, &st) != 0 && (errno == ENOENT || errno == ENOTDIR) && strcmp(parent, ".") && strcmp(parent, "/")) {
+        char up[4096];
+        nb_parent_of(up, sizeof up, parent);
+        snprintf(parent, sizeof parent, "%s", up);
+    }
     if (stat(parent, &st) != 0)
         return nb_fail(ctx, NB_ERR_IO, "export: cannot write %s: its parent directory %s: %s", target, parent,
                        strerror(errno));
@@ -102,6 +113,12 @@ nb_status nb_export_check_target(nb_ctx *ctx, const char *dir) {
     if (access(parent, W_OK | X_OK) != 0)
         return nb_fail(ctx, NB_ERR_IO, "export: cannot write %s: its parent directory %s: %s", target, parent,
                        strerror(errno));
+    long pid = 0;
+    if (check_lock && nb_lock_held_elsewhere(target, &pid)) {
+        char who[64] = "";
+        if (pid > 0) snprintf(who, sizeof who, " (pid %ld)", pid);
+        return nb_fail(ctx, NB_ERR_IO, "export: %s is in use by another nibble process%s: %s", target, who, NBX_BUSY);
+    }
 
     if (lstat(target, &st) != 0) {
         if (errno == ENOENT) return NB_OK;
@@ -171,4 +188,39 @@ int nbx_free_sibling(char *out, size_t cap, const char *target, const char *tag,
     }
     errno = EEXIST;
     return -1;
+}
+
+/* A staging / moved-aside sibling of target that a process left: target + "." + tag + "-" + pid
+ * (+ "-" + counter), as nbx_free_sibling names them. Its pid, or 0 when name is no such sibling. */
+static long sibling_pid(const char *name, const char *base, const char *tag) {
+    size_t b = strlen(base), t = strlen(tag);
+    if (strncmp(name, base, b) != 0 || name[b] != '.' || strncmp(name + b + 1, tag, t) != 0 || name[b + 1 + t] != '-')
+        return 0;
+    const char *p = name + b + 2 + t;
+    char *end = NULL;
+    long pid = strtol(p, &end, 10);
+    if (end == p || pid <= 0) return 0;
+    if (*end == '-') {
+        const char *q = end + 1;
+        strtol(q, &end, 10);
+        if (end == q) return 0;
+    }
+    return *end ? 0 : pid;
+}
+
+void nbx_remove_stale(const char *target, void (*remove_tree)(const char *)) {
+    char parent[4096], path[4400];
+    nb_parent_of(parent, sizeof parent, target);
+    const char *slash = strrchr(target, '/');
+    const char *base = slash ? slash + 1 : target;
+    DIR *d = opendir(parent);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid = sibling_pid(e->d_name, base, "nibble-tmp");
+        if (!pid) pid = sibling_pid(e->d_name, base, "nibble-old");
+        if (!pid || pid == (long)getpid() || nb_pid_alive(pid)) continue;
+        if (nbx_join_path(path, sizeof path, parent, e->d_name) == 0) remove_tree(path);
+    }
+    closedir(d);
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "nibble/safetensors.h"
+#include "io/durable.h"
 #include "io/safetensors_internal.h"
 
 struct nb_st_writer {
@@ -233,35 +234,10 @@ nb_status nb_st_writer_add(nb_ctx *ctx, nb_st_writer *w, const char *name, const
 
 /* ---- file output ---------------------------------------------------------------------------- */
 
-static nb_status write_all(nb_ctx *ctx, int fd, const void *data, size_t n, const char *path) {
-    const char *p = data;
-    while (n) {
-        ssize_t k = write(fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return nb_fail(ctx, NB_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return NB_OK;
-}
-
 typedef nb_status (*emit_fn)(nb_ctx *ctx, int fd, const char *path, void *arg);
 
-static void fsync_parent(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash == path ? 1 : slash - path), path);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);   /* best effort: some filesystems refuse fsync on directories */
-        close(fd);
-    }
-}
-
-/* Write PATH through a temp file in the same directory: emit, fsync, rename; unlink on failure. */
+/* Write PATH through a temp file in the same directory: emit, fsync, rename, fsync the folder; unlink
+ * on failure. A file-size limit is an I/O error ("File too large"), not death by SIGXFSZ. */
 static nb_status write_atomic(nb_ctx *ctx, const char *path, emit_fn emit, void *arg) {
     static unsigned long counter;   /* only makes temp names unique within the process */
     size_t len = strlen(path) + 64;
@@ -281,12 +257,15 @@ static nb_status write_atomic(nb_ctx *ctx, const char *path, emit_fn emit, void 
         free(tmp);
         return s;
     }
+    nb_xfsz_guard g;
+    nb_xfsz_guard_begin(&g);
     nb_status s = emit(ctx, fd, path, arg);
+    nb_xfsz_guard_end(&g);
     if (!s && fsync(fd) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot fsync %s: %s", path, strerror(errno));
     if (close(fd) != 0 && !s) s = nb_fail(ctx, NB_ERR_IO, "cannot close %s: %s", path, strerror(errno));
     if (!s && rename(tmp, path) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (s) unlink(tmp);
-    else fsync_parent(path);
+    else s = nb_fsync_parent(ctx, path);
     free(tmp);
     return s;
 }
@@ -296,7 +275,7 @@ static nb_status emit_tensor(nb_ctx *ctx, int fd, const char *path, const nb_ten
     int64_t nbytes = nb_tensor_nbytes(t);
     if (nbytes == 0) return NB_OK;
     const uint8_t *base = nb_tensor_data(t);
-    if (nb_tensor_is_contiguous(t)) return write_all(ctx, fd, base, (size_t)nbytes, path);
+    if (nb_tensor_is_contiguous(t)) return nb_write_fd(ctx, fd, base, (size_t)nbytes, path);
     /* Rows along the last dim: packed E2M1 rows are always contiguous bytes (strides[last] == 0). */
     int nd = t->ndim, last = nd - 1;
     int esize = nb_dtype_info(t->dtype)->bits / 8;
@@ -316,7 +295,7 @@ static nb_status emit_tensor(nb_ctx *ctx, int fd, const char *path, const nb_ten
         int64_t off = 0;
         for (int d = 0; d < last; d++) off += idx[d] * t->strides[d];
         if (fill + (size_t)row_bytes > cap) {
-            s = write_all(ctx, fd, stage, fill, path);
+            s = nb_write_fd(ctx, fd, stage, fill, path);
             fill = 0;
         }
         if (row_contig) {
@@ -331,7 +310,7 @@ static nb_status emit_tensor(nb_ctx *ctx, int fd, const char *path, const nb_ten
             idx[d] = 0;
         }
     }
-    if (!s && fill) s = write_all(ctx, fd, stage, fill, path);
+    if (!s && fill) s = nb_write_fd(ctx, fd, stage, fill, path);
     free(stage);
     return s;
 }
@@ -360,8 +339,8 @@ static nb_status emit_file(nb_ctx *ctx, int fd, const char *path, void *arg) {
     uint8_t len[8];
     uint64_t n = job->header.n;
     for (int i = 0; i < 8; i++) len[i] = (uint8_t)(n >> (8 * i));
-    nb_status s = write_all(ctx, fd, len, 8, path);
-    if (!s) s = write_all(ctx, fd, job->header.p, job->header.n, path);
+    nb_status s = nb_write_fd(ctx, fd, len, 8, path);
+    if (!s) s = nb_write_fd(ctx, fd, job->header.p, job->header.n, path);
     for (int64_t i = 0; i < job->count && !s; i++) {
         if (nb_ctx_interrupted(ctx)) return nb_fail(ctx, NB_ERR_INTERRUPTED, "writing %s was interrupted", path);
         s = emit_tensor(ctx, fd, path, job->w->tensors[job->items[i].idx]);
@@ -432,7 +411,7 @@ nb_status nb_st_writer_write(nb_ctx *ctx, nb_st_writer *w, const char *path) {
 
 static nb_status emit_bytes(nb_ctx *ctx, int fd, const char *path, void *arg) {
     const sbuf *b = arg;
-    return write_all(ctx, fd, b->p, b->n, path);
+    return nb_write_fd(ctx, fd, b->p, b->n, path);
 }
 
 static char *join_path(const char *dir, const char *name) {

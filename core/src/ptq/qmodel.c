@@ -94,6 +94,7 @@ void nb_qmodel_free(nb_qmodel *qm) {
     free(qm->mods);
     free_list(qm->uncovered, qm->n_uncovered);
     free_list(qm->skipped, qm->n_skipped);
+    free_list(qm->nonfinite, qm->n_nonfinite);
     free(qm);
 }
 
@@ -562,4 +563,8 @@ nb_status nb_qmodel_check(nb_ctx *ctx, const nb_qmodel *qm) {
 int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm) { return qm->n_skipped; }
 const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i) {
     return (i >= 0 && i < qm->n_skipped) ? qm->skipped[i] : NULL;
+}
+int64_t nb_qmodel_export_nonfinite_count(const nb_qmodel *qm) { return qm->n_nonfinite; }
+const char *nb_qmodel_export_nonfinite(const nb_qmodel *qm, int64_t i) {
+    return (i >= 0 && i < qm->n_nonfinite) ? qm->nonfinite[i] : NULL;
 }

@@ -28,6 +28,8 @@ struct nb_qmodel {
     int64_t n_uncovered;
     char **skipped;           /* modules the last export left out (allow_uncalibrated) */
     int64_t n_skipped;
+    char **nonfinite;         /* tensors the last export wrote with NaN/Inf (allow_nonfinite) */
+    int64_t n_nonfinite;
     /* KV cache quantization (nb_qmodel_set_kv): layer l's K quantizer at kvq[2l], its V at kvq[2l+1] */
     int32_t kv_format;        /* NB_FMT_NONE: off */
     int64_t n_layers;

@@ -1,17 +1,21 @@
 /* QAD checkpoints: a directory per save (student.safetensors from nb_qmodel_save, trainer.safetensors with
  * the AdamW moments and, in its metadata, the step, AdamW step counts, data cursor, context RNG and the
- * run's settings), made atomic by writing a temporary sibling and renaming it, and a `latest` file
- * replaced by rename after it. Restoring all of it makes a resumed run equal an uninterrupted one. */
+ * run's settings, and last manifest.json with every file's size and hash), made atomic by writing a
+ * temporary sibling, fsyncing it and renaming it, and a `latest` file replaced by rename after it. A
+ * resume takes the newest step folder its manifest verifies, whatever `latest` says (a kill between
+ * the two renames). Restoring all of it makes a resumed run equal an uninterrupted one. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/durable.h"
 #include "nibble/safetensors.h"
 #include "qad/qad_internal.h"
 
@@ -65,29 +69,6 @@ static int settings_diff(const char *saved, const char *now, char *msg, size_t l
 
 static void join(char *out, size_t len, const char *dir, const char *name) { snprintf(out, len, "%s/%s", dir, name); }
 
-static nb_status mkdirs(nb_ctx *ctx, const char *dir) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *c = p + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return nb_fail(ctx, NB_ERR_IO, "cannot create directory %s: %s", p, strerror(errno));
-        *c = '/';
-    }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        return nb_fail(ctx, NB_ERR_IO, "cannot create directory %s: %s", p, strerror(errno));
-    return NB_OK;
-}
-
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-}
-
 /* Remove a checkpoint directory (its files are one level deep). */
 static void remove_tree(const char *dir) {
     DIR *d = opendir(dir);
@@ -114,26 +95,177 @@ static int is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* ---- the manifest: what a complete step folder holds ------------------------------------------------ */
+
+static const char *const ckpt_files[] = {"student.safetensors", "trainer.safetensors", NULL};
+
+/* FNV-1a over 8-byte little-endian words (then the tail bytes): a torn or swapped file changes it. */
+static int hash_file(const char *path, uint64_t *h, int64_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    uint64_t x = 14695981039346656037ULL;
+    int64_t n = 0;
+    static const size_t cap = 1 << 16;
+    unsigned char *buf = malloc(cap);
+    size_t k = 0;
+    while (buf && (k = fread(buf, 1, cap, f)) > 0) {
+        size_t i = 0;
+        for (; i + 8 <= k; i += 8) {
+            uint64_t w;
+            memcpy(&w, buf + i, 8);
+            x = (x ^ w) * 1099511628211ULL;
+        }
+        for (; i < k; i++) x = (x ^ buf[i]) * 1099511628211ULL;
+        n += (int64_t)k;
+    }
+    int bad = !buf || ferror(f);
+    free(buf);
+    fclose(f);
+    if (bad) return -1;
+    *h = x;
+    *size = n;
+    return 0;
+}
+
+/* manifest.json of step folder dir (written last, so its presence says the rest is complete). */
+static nb_status write_manifest(nb_ctx *ctx, const char *dir, int64_t step) {
+    char text[1024], p[4200];
+    int len = snprintf(text, sizeof text, "{\"nibble_qad\": %d, \"step\": %" PRId64 ", \"files\": {", NB_QAD_CKPT_VERSION,
+                       step);
+    for (int k = 0; ckpt_files[k]; k++) {
+        uint64_t h;
+        int64_t n;
+        join(p, sizeof p, dir, ckpt_files[k]);
+        if (hash_file(p, &h, &n) != 0) return nb_fail(ctx, NB_ERR_IO, "cannot read %s: %s", p, strerror(errno));
+        len += snprintf(text + len, sizeof text - (size_t)len, "%s\"%s\": {\"size\": %" PRId64 ", \"fnv1a64\": \"%016" PRIx64
+                        "\"}", k ? ", " : "", ckpt_files[k], n, h);
+    }
+    len += snprintf(text + len, sizeof text - (size_t)len, "}}\n");
+    join(p, sizeof p, dir, "manifest.json");
+    return nb_write_file_durable(ctx, p, text, (size_t)len);
+}
+
+/* 1 when dir's manifest.json names every checkpoint file with the size and hash it has now. */
+static int manifest_ok(const char *dir) {
+    char p[4200];
+    join(p, sizeof p, dir, "manifest.json");
+    FILE *f = fopen(p, "rb");
+    if (!f) return 0;
+    char text[1024];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    for (int k = 0; ckpt_files[k]; k++) {
+        char key[128];
+        snprintf(key, sizeof key, "\"%s\": {\"size\": ", ckpt_files[k]);
+        const char *at = strstr(text, key);
+        long long size = 0;
+        char hex[17] = {0}, want[17];
+        if (!at || sscanf(at + strlen(key), "%lld, \"fnv1a64\": \"%16[0-9a-f]\"}", &size, hex) != 2) return 0;
+        uint64_t h;
+        int64_t got;
+        join(p, sizeof p, dir, ckpt_files[k]);
+        if (hash_file(p, &h, &got) != 0 || got != size) return 0;
+        snprintf(want, sizeof want, "%016" PRIx64, h);
+        if (strcmp(want, hex) != 0) return 0;
+    }
+    return 1;
+}
+
+/* step-<step>[-<k>] (k: a later save of the same step); 0 when name is no step folder. */
+static int parse_step_name(const char *name, int64_t *step, int64_t *k) {
+    if (strncmp(name, "step-", 5) != 0) return 0;
+    const char *p = name + 5;
+    char *end = NULL;
+    if (*p < '0' || *p > '9') return 0;
+    *step = (int64_t)strtoll(p, &end, 10);
+    *k = 0;
+    if (*end == '-') {
+        p = end + 1;
+        if (*p < '0' || *p > '9') return 0;
+        *k = (int64_t)strtoll(p, &end, 10);
+    }
+    return *end == 0;
+}
+
+typedef struct step_dir {
+    int64_t step, k;
+    char name[256];
+} step_dir;
+
+static int cmp_step_desc(const void *a, const void *b) {
+    const step_dir *x = a, *y = b;
+    if (x->step != y->step) return x->step > y->step ? -1 : 1;
+    return x->k > y->k ? -1 : x->k < y->k;
+}
+
+/* The step folders of dir, newest first (NULL and 0 when none); the caller frees the array. */
+static step_dir *list_steps(const char *dir, size_t *count) {
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    step_dir *v = NULL;
+    size_t cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        step_dir sd;
+        if (strlen(e->d_name) >= sizeof sd.name || !parse_step_name(e->d_name, &sd.step, &sd.k)) continue;
+        snprintf(sd.name, sizeof sd.name, "%s", e->d_name);
+        if (*count == cap) {
+            cap = cap ? 2 * cap : 16;
+            step_dir *g = realloc(v, cap * sizeof *g);
+            if (!g) break;
+            v = g;
+        }
+        v[(*count)++] = sd;
+    }
+    closedir(d);
+    if (*count) qsort(v, *count, sizeof *v, cmp_step_desc);
+    return v;
+}
+
+/* The name `latest` holds ("" when there is none). */
+static void read_latest(const char *dir, char *name, size_t cap) {
+    char p[4200];
+    join(p, sizeof p, dir, "latest");
+    name[0] = 0;
+    FILE *f = fopen(p, "rb");
+    if (!f) return;
+    size_t n = fread(name, 1, cap - 1, f);
+    fclose(f);
+    name[n] = 0;
+    while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r' || name[n - 1] == ' ')) name[--n] = 0;
+}
+
 nb_status nb_qad_latest(nb_ctx *ctx, const char *dir, char *buf, int64_t buf_len) {
-    char p[4096];
+    char p[4200];
     join(p, sizeof p, dir, "trainer.safetensors");
     if (is_file(p)) {
         snprintf(buf, (size_t)buf_len, "%s", dir);
         return NB_OK;
     }
-    join(p, sizeof p, dir, "latest");
-    FILE *f = fopen(p, "rb");
-    if (!f) return nb_fail(ctx, NB_ERR_NOT_FOUND, "no QAD checkpoint in %s (no %s)", dir, p);
-    char name[512] = {0};
-    size_t n = fread(name, 1, sizeof name - 1, f);
-    fclose(f);
-    while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r' || name[n - 1] == ' ')) name[--n] = 0;
-    if (n == 0 || strchr(name, '/'))
-        return nb_fail(ctx, NB_ERR_FORMAT, "%s does not name a checkpoint directory", p);
-    snprintf(buf, (size_t)buf_len, "%s/%s", dir, name);
-    join(p, sizeof p, buf, "trainer.safetensors");
-    if (!is_file(p)) return nb_fail(ctx, NB_ERR_FORMAT, "%s/latest names %s, which has no trainer.safetensors", dir, name);
-    return NB_OK;
+    /* the newest step folder its own manifest verifies; one without a manifest (written before
+     * manifests existed) counts only when `latest` names it */
+    char latest[512];
+    read_latest(dir, latest, sizeof latest);
+    size_t n = 0;
+    step_dir *v = list_steps(dir, &n);
+    int found = 0, broken = 0;
+    for (size_t i = 0; i < n && !found; i++) {
+        char ck[4200], mf[4400];
+        join(ck, sizeof ck, dir, v[i].name);
+        join(mf, sizeof mf, ck, "manifest.json");
+        if (is_file(mf)) found = manifest_ok(ck);
+        else found = !strcmp(latest, v[i].name) && (join(mf, sizeof mf, ck, "trainer.safetensors"), is_file(mf));
+        if (found) snprintf(buf, (size_t)buf_len, "%s", ck);
+        else broken++;
+    }
+    free(v);
+    if (found) return NB_OK;
+    if (broken)
+        return nb_fail(ctx, NB_ERR_NOT_FOUND, "no complete QAD checkpoint in %s (%d step folder(s), none verified by its "
+                       "manifest.json)", dir, broken);
+    return nb_fail(ctx, NB_ERR_NOT_FOUND, "no QAD checkpoint in %s (no step-* folder)", dir);
 }
 
 /* ---- save ------------------------------------------------------------------------------------------ */
@@ -190,53 +322,38 @@ static nb_status write_trainer(nb_ctx *ctx, nb_qad *q, const char *path) {
     return s;
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* Remove leftovers of interrupted saves and all but the newest `keep` step-* directories (the one
- * `latest` names always stays). */
+/* Remove leftovers of interrupted saves and all but the newest `keep` step folders (the current one,
+ * just saved, always stays). */
 static void prune(const char *dir, const char *current, int32_t keep) {
     DIR *d = opendir(dir);
     if (!d) return;
-    char **names = NULL;
-    size_t n = 0, cap = 0;
     struct dirent *e;
-    char p[4096];
+    char p[4200];
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, ".step-", 6) == 0 || strncmp(e->d_name, "latest.tmp-", 11) == 0) {
             join(p, sizeof p, dir, e->d_name);
             if (is_dir(p)) remove_tree(p);
             else (void)unlink(p);
-            continue;
         }
-        if (strncmp(e->d_name, "step-", 5) != 0 || strcmp(e->d_name, current) == 0) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            char **g = realloc(names, cap * sizeof *g);
-            if (!g) break;
-            names = g;
-        }
-        names[n] = malloc(strlen(e->d_name) + 1);
-        if (!names[n]) break;
-        strcpy(names[n++], e->d_name);
     }
     closedir(d);
-    if (n) qsort(names, n, sizeof *names, cmp_str);
-    size_t others = keep > 1 ? (size_t)(keep - 1) : 0;
-    for (size_t i = 0; i + others < n; i++) {
-        /* only directories older than the current one go (a newer one belongs to nobody now) */
-        join(p, sizeof p, dir, names[i]);
+    size_t n = 0, kept = 0, others = keep > 1 ? (size_t)(keep - 1) : 0;
+    step_dir *v = list_steps(dir, &n);
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(v[i].name, current)) continue;
+        if (kept++ < others) continue;
+        join(p, sizeof p, dir, v[i].name);
         remove_tree(p);
     }
-    for (size_t i = 0; i < n; i++) free(names[i]);
-    free(names);
+    free(v);
 }
 
 nb_status nb_qad_save(nb_ctx *ctx, nb_qad *q, const char *dir, int32_t keep) {
     if (!dir || !*dir) return nb_fail(ctx, NB_ERR_INVALID, "qad: a checkpoint directory is required");
     if (keep <= 0) keep = 2;
-    nb_status s = mkdirs(ctx, dir);
+    nb_status s = nb_mkdirs(ctx, dir);
     if (s) return s;
-    char name[256], final[4096], tmp[4096], p[4096];
+    char name[256], final[4096], tmp[4096], p[4200];
     snprintf(name, sizeof name, "step-%08" PRId64, q->step);
     join(final, sizeof final, dir, name);
     for (int k = 1; is_dir(final) || is_file(final); k++) {   /* never overwrite: a fresh name */
@@ -247,35 +364,63 @@ nb_status nb_qad_save(nb_ctx *ctx, nb_qad *q, const char *dir, int32_t keep) {
     join(tmp, sizeof tmp, dir, p);
     remove_tree(tmp);
     if (mkdir(tmp, 0755) != 0) return nb_fail(ctx, NB_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    nb_xfsz_guard xg;
+    nb_xfsz_guard_begin(&xg);
     join(p, sizeof p, tmp, "student.safetensors");
     s = nb_qmodel_save(ctx, q->qm, p);
     join(p, sizeof p, tmp, "trainer.safetensors");
     if (!s) s = write_trainer(ctx, q, p);
+    /* the manifest last: a step folder is complete when its manifest verifies it */
+    if (!s) s = write_manifest(ctx, tmp, q->step);
+    if (!s) s = nb_fsync_dir_files(ctx, tmp);
     if (!s && rename(tmp, final) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+    if (!s && nb_fsync_path(dir) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot fsync %s: %s", dir, strerror(errno));
     if (s) {
-        remove_tree(tmp);
+        nb_xfsz_guard_end(&xg);
+        if (!is_dir(final) || is_dir(tmp)) remove_tree(tmp);
         return s;
     }
-    fsync_dir(dir);
-    /* point latest at it */
-    char ltmp[4096], latest[4096];
+    /* point latest at it (a hint for people: resume finds the newest complete folder itself) */
+    char ltmp[4200], latest[4200], text[300];
     snprintf(p, sizeof p, "latest.tmp-%ld", (long)getpid());
     join(ltmp, sizeof ltmp, dir, p);
     join(latest, sizeof latest, dir, "latest");
-    FILE *f = fopen(ltmp, "wb");
-    if (!f) return nb_fail(ctx, NB_ERR_IO, "cannot write %s: %s", ltmp, strerror(errno));
-    int ok = fprintf(f, "%s\n", name) > 0;
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(ltmp, latest) != 0) {
-        int e = errno;
+    int len = snprintf(text, sizeof text, "%s\n", name);
+    s = nb_write_file_durable(ctx, ltmp, text, (size_t)len);
+    if (!s && rename(ltmp, latest) != 0) {
+        s = nb_fail(ctx, NB_ERR_IO, "cannot write %s: %s", latest, strerror(errno));
         (void)unlink(ltmp);
-        return nb_fail(ctx, NB_ERR_IO, "cannot write %s: %s", latest, strerror(e));
     }
-    fsync_dir(dir);
+    if (!s && nb_fsync_path(dir) != 0) s = nb_fail(ctx, NB_ERR_IO, "cannot fsync %s: %s", dir, strerror(errno));
+    nb_xfsz_guard_end(&xg);
+    if (s) return s;
     prune(dir, name, keep);
+    if (nb_fsync_path(dir) != 0) return nb_fail(ctx, NB_ERR_IO, "cannot fsync %s: %s", dir, strerror(errno));
     return NB_OK;
+}
+
+/* ---- the checkpoint folder's lock ---------------------------------------------------------------------- */
+
+struct nb_qad_lock {
+    nb_lockfile lk;
+};
+
+nb_status nb_qad_lock_dir(nb_ctx *ctx, const char *dir, nb_qad_lock **out) {
+    *out = NULL;
+    if (!dir || !*dir) return nb_fail(ctx, NB_ERR_INVALID, "qad: a checkpoint directory is required");
+    nb_qad_lock *l = calloc(1, sizeof *l);
+    if (!l) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+    nb_status s = nb_lock_path(ctx, dir, "qad: checkpoint_dir",
+                               "wait for it to finish or give another checkpoint_dir", &l->lk);
+    if (s) { free(l); return s; }
+    *out = l;
+    return NB_OK;
+}
+
+void nb_qad_unlock_dir(nb_qad_lock *l) {
+    if (!l) return;
+    nb_unlock_path(&l->lk);
+    free(l);
 }
 
 /* ---- restore ----------------------------------------------------------------------------------------- */

@@ -93,6 +93,10 @@ nb_status nbq_contiguous(nb_ctx *ctx, const nb_tensor *x, nb_tensor **out) {
 }
 
 nb_status nbq_check_finite(nb_ctx *ctx, const nb_tensor *x, const char *what) {
+    return nbq_check_finite_why(ctx, x, what, "; quantization needs finite values");
+}
+
+nb_status nbq_check_finite_why(nb_ctx *ctx, const nb_tensor *x, const char *what, const char *why) {
     int nonfinite = 0;
     nbq_fast_absmax_mt(ctx, nb_tensor_data(x), x->dtype, nb_tensor_numel(x), &nonfinite);   /* threaded pass */
     if (!nonfinite) return NB_OK;
@@ -105,8 +109,8 @@ nb_status nbq_check_finite(nb_ctx *ctx, const nb_tensor *x, const char *what) {
     for (int d = x->ndim - 1; d >= 0; d--) { sub[d] = rem % x->shape[d]; rem /= x->shape[d]; }
     for (int d = 0; d < x->ndim && len < (int)sizeof idx - 24; d++)
         len += snprintf(idx + len, sizeof idx - (size_t)len, d ? ", %lld" : "%lld", (long long)sub[d]);
-    return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s at flat index %lld (element [%s]); quantization needs finite values",
-                   what, isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"), (long long)i, idx);
+    return nb_fail(ctx, NB_ERR_NUMERIC, "%s: %s at flat index %lld (element [%s])%s", what,
+                   isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"), (long long)i, idx, why);
 }
 
 /* ---- plans -------------------------------------------------------------------------------- */

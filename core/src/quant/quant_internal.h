@@ -75,6 +75,8 @@ void nbq_plan_row(const nbq_plan *plan, int64_t row, nb_qrow_args *a);
 void nbq_plan_free(nbq_plan *plan);
 /* The NaN/Inf check with the named message (NB_ERR_NUMERIC). x must be contiguous. */
 nb_status nbq_check_finite(nb_ctx *ctx, const nb_tensor *x, const char *what);
+/* The same check with another reason after the element ("; quantization needs finite values"). */
+nb_status nbq_check_finite_why(nb_ctx *ctx, const nb_tensor *x, const char *what, const char *why);
 /* Fake-quantize contiguous x into contiguous out (same shape; out may be x) with a resolved plan. */
 nb_status nbq_fake_plan(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *x, nb_tensor *out);
 /* Fake-quantize x into a float buffer [rows*n] (no dtype rounding; calibration's view). */
