@@ -419,6 +419,9 @@ int main(int argc, char **argv) {
     /* os.exit(code, true) (nibble.cli.program's refusals) closes the Lua state and exits without
      * returning here: the default context is released then too */
     atexit(nbh_release_ctx);
+    /* A file-size limit (ulimit -f) makes a write fail with EFBIG, which every writer reports as a
+     * named I/O error (the metrics JSONL, run-settings.json, redirected output), not death by SIGXFSZ. */
+    signal(SIGXFSZ, SIG_IGN);
     lua_State *L = luaL_newstate();
     if (!L) {
         fprintf(stderr, "nibble: cannot create the Lua state: not enough memory\n");
