@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "nibble/ctx.h"
+#include "blas_internal.h"
 
 #ifndef NIBBLE_VERSION
 #define NIBBLE_VERSION "0.0.0"
@@ -180,6 +181,8 @@ nb_status nb_ctx_new(int threads, nb_ctx **out) {
     pthread_mutex_init(&c->mem_mu, NULL);
     nb_rng_seed(&c->rng, 0x6e6962626c65ull);  /* "nibble" */
     nb_status s = nb_ctx_set_threads(c, threads);
+    /* the BLAS is loaded (and its kernels checked) before anything can multiply */
+    if (s == NB_OK) s = nb_blas_load(c);
     if (s != NB_OK) { nb_ctx_release(c); return s; }
     *out = c;
     return NB_OK;

@@ -18,7 +18,9 @@ nb_ctx *nbh_default_ctx(lua_State *L) {
     if (!g_ctx) {
         nb_ctx *c = NULL;
         nb_status s = nb_ctx_new(0, &c);   /* 0: NIBBLE_THREADS or every online CPU */
-        if (s != NB_OK) luaL_error(L, "%s: cannot create the default context", nb_status_name(s));
+        if (s != NB_OK)
+            luaL_error(L, "%s: cannot create the default context%s%s", nb_status_name(s), *nb_blas_error() ? ": " : "",
+                       nb_blas_error());
         g_ctx = c;
     }
     return g_ctx;

@@ -87,7 +87,10 @@ local function CTX()
     else
       local out = ffi.new("nb_ctx *[1]")
       local s = C.nb_ctx_new(0, out)                    -- 0: NIBBLE_THREADS or every CPU
-      if s ~= 0 then fail("nibble: cannot create a context: " .. ffi.string(C.nb_status_name(s))) end
+      if s ~= 0 then
+        local why = ffi.string(C.nb_blas_error())
+        fail("nibble: cannot create a context: " .. ffi.string(C.nb_status_name(s)) .. (why ~= "" and ": " .. why or ""))
+      end
       ctx_ = ffi.gc(out[0], C.nb_ctx_release)
     end
     rawset(M, "ctx", ctx_)
@@ -184,6 +187,20 @@ function M.threads() return C.nb_ctx_threads(CTX()) end
 function M.set_threads(n) check(C.nb_ctx_set_threads(CTX(), n or 0)); return C.nb_ctx_threads(CTX()) end
 function M.seed(n) C.nb_rng_seed(C.nb_ctx_rng(CTX()), n) end
 function M.cuda() return { built = C.nb_cuda_built() ~= 0, devices = C.nb_cuda_device_count() } end
+
+-- The GEMM library and kernel set in use, and the CPU (nibble/blas.h); .line is what --version prints.
+local BLAS_HOW = { [0] = "own choice", "switched", "forced", "host fallback", "fixed" }
+function M.blas()
+  local info = ffi.new("nb_blas_info")
+  check(C.nb_blas_get(CTX(), info))
+  local line, flags = ffi.new("char[1024]"), ffi.new("char[256]")
+  C.nb_blas_describe(info, line, 1024)
+  C.nb_cpu_flags_str(info.cpu.flags, flags, 256)
+  return { library = ffi.string(info.library), path = ffi.string(info.path), core = ffi.string(info.core),
+           picked = ffi.string(info.picked), best = ffi.string(info.best), how = BLAS_HOW[info.how],
+           cpu = ffi.string(info.cpu.brand), vendor = ffi.string(info.cpu.vendor), family = info.cpu.family,
+           model = info.cpu.model, features = ffi.string(flags), line = ffi.string(line) }
+end
 
 -- ---- tensors ------------------------------------------------------------------------------------
 
