@@ -143,32 +143,25 @@ static int in_list(const char *name, const char *list) {
     return 0;
 }
 
-/* The strongest kernel set of `available` that `flags` can run (NULL: none stronger than SSE). */
+/* The strongest kernel set of `available` that `flags` can run (NULL: none stronger than SSE): the
+ * candidates strongest first, so a BLAS without AVX-512 kernels still gets its AVX2 ones. */
 static const char *best_core(const nb_cpu_features *cpu, const char *available) {
     uint32_t f = cpu->flags;
-    const char *cand[3];
+    const char *cand[4];
     int n = 0;
     const uint32_t avx512 = NB_CPU_AVX512F | NB_CPU_AVX512BW | NB_CPU_AVX512VL | NB_CPU_AVX512DQ;
-    /* SapphireRapids is never the target: same sgemm as Cooperlake, and OpenBLAS 0.3.2x's
-     * OPENBLAS_CORETYPE parser stops before its name ("Core not found", printed to stderr) */
-    if ((f & avx512) == avx512) {
-        if (f & NB_CPU_AVX512_BF16) cand[n++] = "Cooperlake";
-        cand[n++] = "SkylakeX";
-    }
-    if (n == 0 && (f & (NB_CPU_AVX2 | NB_CPU_FMA)) == (NB_CPU_AVX2 | NB_CPU_FMA)) {
+    /* AVX-512 means SkylakeX, also on BF16/AMX CPUs: Cooperlake and SapphireRapids run the same sgemm,
+     * and OpenBLAS 0.3.21's OPENBLAS_CORETYPE parser stops before their names (it says "Core not
+     * found: Cooperlake" and lands on Cooperlake only through its own feature fallback) */
+    if ((f & avx512) == avx512 && (f & NB_CPU_FMA)) cand[n++] = "SkylakeX";
+    if ((f & (NB_CPU_AVX2 | NB_CPU_FMA)) == (NB_CPU_AVX2 | NB_CPU_FMA)) {
         int amd = !strcmp(cpu->vendor, "AuthenticAMD") || !strcmp(cpu->vendor, "HygonGenuine");
         cand[n++] = amd ? "Zen" : "Haswell";
         cand[n++] = amd ? "Haswell" : "Zen";
     }
-    if (n == 0 && (f & NB_CPU_AVX)) cand[n++] = "Sandybridge";
+    if (f & NB_CPU_AVX) cand[n++] = "Sandybridge";
     for (int i = 0; i < n; i++)
         if (in_list(cand[i], available)) return cand[i];
-    /* an AVX-512 CPU whose BLAS has no AVX-512 kernels still runs its AVX2 ones */
-    if ((f & avx512) == avx512 && (f & NB_CPU_FMA)) {
-        nb_cpu_features c2 = *cpu;
-        c2.flags &= ~avx512;
-        return best_core(&c2, available);
-    }
     return NULL;
 }
 

@@ -65,10 +65,11 @@ void nb_cpu_flags_str(uint32_t flags, char *buf, size_t n);
 /* The decision, a pure function: the kernel set to switch to when `reported` (the core the BLAS
  * picked) is weaker than what `cpu`'s flags can run, else NULL. `available` lists the kernel sets
  * this BLAS has (space-separated OpenBLAS core names, case-insensitive; NULL: all known ones).
- * AVX-512 F/BW/VL/DQ -> Cooperlake (with AVX512-BF16), SkylakeX; AVX2+FMA -> Zen on AMD, Haswell
- * elsewhere; AVX -> Sandybridge; the first of these the BLAS has. Kernel sets are ranked by their
- * sgemm (SkylakeX = Cooperlake = SapphireRapids), so only a weaker one is switched. A core name it
- * does not know is never overridden (a newer BLAS knows better). */
+ * AVX-512 F/BW/VL/DQ -> SkylakeX (also with BF16/AMX: Cooperlake and SapphireRapids have the same
+ * sgemm, and 0.3.21 cannot be forced to them by name); AVX2+FMA -> Zen on AMD, Haswell elsewhere;
+ * AVX -> Sandybridge; the strongest of these the BLAS has. Kernel sets are ranked by their sgemm,
+ * so only a weaker one is switched. A core name it does not know is never overridden (a newer BLAS
+ * knows better). */
 const char *nb_blas_pick_core(const char *reported, const nb_cpu_features *cpu, const char *available);
 
 /* Why the BLAS could not be loaded ("" when it was, or before the first try): nb_ctx_new fails with
