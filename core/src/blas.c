@@ -283,7 +283,7 @@ static void load_once(void) {
             quit();
             init();
             unsetenv("OPENBLAS_CORETYPE");
-            I->how = NB_BLAS_SWITCHED;
+            I->how = strcasecmp(g_corename(), pick) ? NB_BLAS_SWITCH_FAILED : NB_BLAS_SWITCHED;
         } else {
             I->how = NB_BLAS_OWN_CHOICE;
         }
@@ -348,6 +348,10 @@ int nb_blas_describe(const nb_blas_info *I, char *buf, size_t n) {
         snprintf(how, sizeof how,
                  "NOT the best for this CPU: the program loaded the BLAS before libnibble; start it with "
                  "OPENBLAS_CORETYPE=%s", I->best);
+        break;
+    case NB_BLAS_SWITCH_FAILED:
+        snprintf(how, sizeof how, "NOT the best for this CPU: switching from %s to %s did not take; start the program "
+                 "with OPENBLAS_CORETYPE=%s", I->picked, I->best, I->best);
         break;
     case NB_BLAS_FIXED: snprintf(how, sizeof how, "fixed by the BLAS build"); break;
     default: snprintf(how, sizeof how, "the BLAS's own choice"); break;

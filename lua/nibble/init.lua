@@ -189,7 +189,7 @@ function M.seed(n) C.nb_rng_seed(C.nb_ctx_rng(CTX()), n) end
 function M.cuda() return { built = C.nb_cuda_built() ~= 0, devices = C.nb_cuda_device_count() } end
 
 -- The GEMM library and kernel set in use, and the CPU (nibble/blas.h); .line is what --version prints.
-local BLAS_HOW = { [0] = "own choice", "switched", "forced", "host fallback", "fixed" }
+local BLAS_HOW = { [0] = "own choice", "switched", "forced", "host fallback", "fixed", "switch failed" }
 function M.blas()
   local info = ffi.new("nb_blas_info")
   check(C.nb_blas_get(CTX(), info))

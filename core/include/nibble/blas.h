@@ -44,7 +44,8 @@ typedef enum nb_blas_how {
     NB_BLAS_USER_FORCED = 2,   /* OPENBLAS_CORETYPE was set: honoured as it is */
     NB_BLAS_HOST_FALLBACK = 3, /* loaded by the host program before libnibble, on weaker kernels than the
                                 * CPU can run; left alone (another thread may be using it) */
-    NB_BLAS_FIXED = 4          /* a BLAS with no run-time kernel choice (not a DYNAMIC_ARCH OpenBLAS) */
+    NB_BLAS_FIXED = 4,         /* a BLAS with no run-time kernel choice (not a DYNAMIC_ARCH OpenBLAS) */
+    NB_BLAS_SWITCH_FAILED = 5  /* the switch was tried and OpenBLAS still reports its weaker pick */
 } nb_blas_how;
 
 typedef struct nb_blas_info {
