@@ -304,7 +304,9 @@ static void print_help(lua_State *L) {
     }
     printf("\nThe Lua module: `nibble` is a global in scripts and the REPL (require \"nibble\" from luajit).\n"
            "environment: NIBBLE_THREADS (threads of the default context), NIBBLE_LUA_PATH (extra\n"
-           "module path, searched first), NIBBLE_LIB (libnibble for a plain luajit)\n");
+           "module path, searched first), NIBBLE_LIB (libnibble for a plain luajit), OPENBLAS_CORETYPE\n"
+           "(forces the GEMM kernel set; unset, nibble picks the CPU's best: see --version), NIBBLE_BLAS\n"
+           "(another CBLAS library to load, e.g. libblis.so.4)\n");
 }
 
 static int file_exists(const char *path) {
