@@ -3,7 +3,8 @@
  * against CPUID) and on forced kernel sets, nibble's own nb_gemm (the model's path), BLIS, oneDNN
  * (FP32, and BF16 inputs with FP32 accumulation). Each library runs in a child process of its own
  * (one BLAS thread pool per process); the parent gathers their rows and writes bench/results/gemm.json.
- * Usage: bench_gemm [--threads 1,2] [--min-time S] [--only NAME,...] [--json PATH] */
+ * Usage: bench_gemm [--threads 1,2] [--min-time S] [--only NAME,...] [--json PATH]
+ * (NIBBLE_BENCH_JSON, when set, names the output file instead of --json: bench/record.lua sets it). */
 #include <ctype.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -257,6 +258,9 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "usage: bench_gemm [--threads 1,2] [--min-time S] [--only NAME,...] [--json PATH]\n"); return 1; }
     }
     if (kind) return child(kind, threads, min_time);
+    /* under bench/record.lua the record goes where it says (it completes command, commit, date, machine) */
+    const char *rec = getenv("NIBBLE_BENCH_JSON");
+    if (rec && *rec) json = rec;
 
     char self[1024];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -50,8 +50,9 @@ def write(bench, title, nibble_json, threads, tables, notes):
            "machine": {"cpu": cpu, "features": features, "threads": threads, "blas": nibble_json.get("blas", ""),
                        "blas_core": nibble_json.get("blas_core", "")},
            "tables": tables, "notes": notes + ([gemm] if gemm else [])}
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    path = os.path.join(HERE, "results", bench + ".json")
+    # under bench/record.lua the record goes where it says (it completes command, commit, date, machine)
+    path = os.environ.get("NIBBLE_BENCH_JSON") or os.path.join(HERE, "results", bench + ".json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
