@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "nibble/blas.h"
+
 static inline double bench_clock(clockid_t id) {
     struct timespec t;
     clock_gettime(id, &t);
@@ -131,6 +133,21 @@ static inline int bench_json_close(bench_json *j) {
     bad |= fclose(j->f);
     j->f = NULL;
     return bad ? -1 : 0;
+}
+
+/* `, "blas": LIBRARY, "blas_core": KERNELS, "gemm": LINE` for a bench's JSON line: which GEMM kernels the
+ * numbers were measured on (the line nibble --version prints). */
+static inline void bench_print_blas_json(nb_ctx *ctx) {
+    nb_blas_info info;
+    char line[1024];
+    if (nb_blas_get(ctx, &info) != NB_OK) return;
+    nb_blas_describe(&info, line, sizeof line);
+    printf(", \"blas\": ");
+    bench_json_str(stdout, info.library);
+    printf(", \"blas_core\": ");
+    bench_json_str(stdout, info.core);
+    printf(", \"gemm\": ");
+    bench_json_str(stdout, line);
 }
 
 #endif

@@ -73,10 +73,12 @@ int main(int argc, char **argv) {
     static const char *rnames[] = {"never", "always", "auto"};
     printf("{\"impl\": \"nibble\", \"model\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"threads\": %d, \"recompute\": \"%s\", "
            "\"fwd_tok_s\": %.1f, \"train_tok_s\": %.1f, \"fwd_tok_cpu_s\": %.1f, \"train_tok_cpu_s\": %.1f, "
-           "\"loss\": %.6f, \"load_s\": %.3f, \"peak_mb\": %.1f}\n",
+           "\"loss\": %.6f, \"load_s\": %.3f, \"peak_mb\": %.1f",
            path, (long long)B, (long long)T, nb_ctx_threads(ctx), rnames[recompute], fwd ? N / fwd_s : 0.0,
            train ? N / train_s : 0.0, fwd ? N / fwd_cpu : 0.0, train ? N / train_cpu : 0.0, loss, t_load,
            (double)ms.peak_bytes / 1048576.0);
+    bench_print_blas_json(ctx);
+    printf("}\n");
     free(tok);
     free(logits);
     nb_model_free(m);

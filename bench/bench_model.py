@@ -14,6 +14,9 @@ import subprocess
 import sys
 import time
 
+import results_json
+from results_json import run_json
+
 
 def make_random(a):
     import torch
@@ -60,11 +63,6 @@ def bench(a):
                       "train_tok_cpu_s": round(n / train_cpu, 1), "loss": loss}))
 
 
-def run_json(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-
-
 def compare(a):
     here = os.path.dirname(os.path.abspath(__file__))
     big = os.path.join(a.work, "llama512")
@@ -77,6 +75,8 @@ def compare(a):
         print(f"(skipping stories260K: {a.stories} is absent)")
     cases.append(("llama d512 L8 V32000 (58M)", big, 4, 256, 3))
     rows = []
+    env = results_json.bench_env(a.isa)
+    first = None
     for name, path, batch, seq, iters in cases:
         common = ["--batch", str(batch), "--seq", str(seq), "--threads", str(a.threads), "--iters", str(iters)]
         best = {}
@@ -84,7 +84,10 @@ def compare(a):
             for impl, cmd in (("nibble", [a.bin, "--model", path] + common),
                               ("nibble_recompute", [a.bin, "--model", path, "--recompute", "always"] + common),
                               ("pytorch", [sys.executable, __file__, "run", "--model", path] + common)):
-                j = run_json(cmd)
+                j = run_json(cmd, env)
+                if impl == "nibble" and first is None:
+                    first = j
+                    print(j.get("gemm", ""))
                 b = best.setdefault(impl, {"fwd": 0.0, "train": 0.0, "fwd_cpu": 0.0, "train_cpu": 0.0})
                 for k, key in (("fwd", "fwd_tok_s"), ("train", "train_tok_s"), ("fwd_cpu", "fwd_tok_cpu_s"),
                                ("train_cpu", "train_tok_cpu_s")):
@@ -99,12 +102,26 @@ def compare(a):
     print("estimates the uncontended speed on a shared machine)")
     print(f"{'model':30} {'B x T':>7} {'':>5} {'nibble':>9} {'PyTorch':>9} {'ratio':>6} {'recompute':>9} {'ratio':>6}"
           f" | {'CPU-s: nibble':>13} {'PyTorch':>9} {'ratio':>6}")
+    table = []
     for name, batch, seq, best in rows:
         for kind in ("fwd", "train"):
             n, t, nr = best["nibble"][kind], best["pytorch"][kind], best["nibble_recompute"][kind]
             nc, tc = best["nibble"][kind + "_cpu"], best["pytorch"][kind + "_cpu"]
             print(f"{name:30} {f'{batch}x{seq}':>7} {kind:>5} {n:9.1f} {t:9.1f} {n / t:6.2f} {nr:9.1f} {nr / t:6.2f}"
                   f" | {nc:13.1f} {tc:9.1f} {nc / tc:6.2f}")
+            table.append([name, f"{batch}x{seq}", kind, n, t, round(n / t, 2), nr, round(nr / t, 2), nc, tc,
+                          round(nc / tc, 2)])
+    isa = " (both sides held to AVX2)" if a.isa else ""
+    results_json.write("model" + (f"-{a.isa}" if a.isa else ""), f"Model runtime vs PyTorch on the CPU{isa}",
+                       first or {}, a.threads,
+                       [{"caption": f"tokens/s, {a.threads} threads, best of {a.repeat}; ratio = nibble / PyTorch",
+                         "columns": ["model", "B x T", "pass", "nibble tok/s", "PyTorch tok/s", "ratio",
+                                     "nibble recompute tok/s", "ratio", "nibble tok/CPU-s", "PyTorch tok/CPU-s",
+                                     "ratio"], "rows": table}],
+                       [f"{load}", "fwd = all logits; train = forward + cross-entropy + backward (no optimizer)",
+                        "environment: " + ("OPENBLAS_CORETYPE=Haswell for nibble; MKL_ENABLE_INSTRUCTIONS=AVX2, "
+                                           "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 for PyTorch" if a.isa
+                                           else "as given, without OPENBLAS_CORETYPE (nibble picks its kernels)")])
 
 
 def main():
@@ -117,6 +134,7 @@ def main():
     c.add_argument("--work", default="/tmp/nibble-bench-model")
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--repeat", type=int, default=3)
+    c.add_argument("--isa", choices=["avx2"], help="hold both sides to AVX2 (measures an older CPU's path)")
     r = sub.add_parser("make-random")
     r.add_argument("dir")
     r.add_argument("--dim", type=int, default=512)

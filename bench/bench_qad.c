@@ -88,9 +88,11 @@ int main(int argc, char **argv) {
     nb_mem_stats ms;
     nb_ctx_mem(ctx, &ms);
     printf("{\"impl\": \"nibble\", \"model\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"threads\": %d, "
-           "\"quantized_linears\": %d, \"qad_tok_s\": %.1f, \"qad_tok_cpu_s\": %.1f, \"step_s\": %.3f, \"kd\": %.6f, \"peak_mb\": %.0f}\n",
+           "\"quantized_linears\": %d, \"qad_tok_s\": %.1f, \"qad_tok_cpu_s\": %.1f, \"step_s\": %.3f, \"kd\": %.6f, \"peak_mb\": %.0f",
            path, (long long)B, (long long)T, nb_ctx_threads(ctx), nq, (double)(B * T) / dt, (double)(B * T) / cpu, dt, kd,
            (double)ms.peak_bytes / 1e6);
+    bench_print_blas_json(ctx);
+    printf("}\n");
     nb_qad_free(q);
     nb_dataloader_free(ld);
     nb_dataset_release(ds);

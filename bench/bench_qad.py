@@ -16,6 +16,9 @@ import subprocess
 import sys
 import time
 
+import results_json
+from results_json import run_json
+
 
 def load(path):
     import torch
@@ -121,11 +124,6 @@ def bench(a):
                       "qad_tok_cpu_s": round(a.batch * a.seq / cpu, 1), "step_s": round(dt, 3), "kd": kd}))
 
 
-def run_json(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-
-
 def compare(a):
     cases = []
     if os.path.isdir(a.stories):
@@ -138,12 +136,17 @@ def compare(a):
     if a.smollm and os.path.exists(a.smollm):
         cases.append(("SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)", a.smollm, 4, 256, 2))
     rows = []
+    env = results_json.bench_env(a.isa)
+    first = None
     for name, path, batch, seq, iters in cases:
         common = ["--batch", str(batch), "--seq", str(seq), "--threads", str(a.threads), "--iters", str(iters)]
         best = {}
         for _ in range(a.repeat):   # interleaved, best of N: the machine may be shared
-            n = run_json([a.bin, "--model", path] + common)
-            p = run_json([sys.executable, __file__, "run", "--model", path] + common)
+            n = run_json([a.bin, "--model", path] + common, env)
+            p = run_json([sys.executable, __file__, "run", "--model", path] + common, env)
+            if first is None:
+                first = n
+                print(n.get("gemm", ""))
             for k, r in (("nibble", n), ("pytorch", p)):
                 if k not in best or r["qad_tok_s"] > best[k]["qad_tok_s"]:
                     best[k] = r
@@ -157,10 +160,24 @@ def compare(a):
     for name, b, t, n, p, r, rc, qn, qp in rows:
         print(f"{name:48s} {b:>4d}x{t:<4d} {n:13.1f} {p:14.1f} {r:6.2f}x {rc:9.2f}x  ({qn}/{qp} quantized linears)")
     print("(per CPU-s: the ratio of tokens per CPU-second of each process, steadier on a shared machine)")
+    load = ""
     try:
-        print(f"load average: {os.getloadavg()[0]:.2f}")
+        load = f"load average: {os.getloadavg()[0]:.2f}"
+        print(load)
     except OSError:
         pass
+    isa = " (both sides held to AVX2)" if a.isa else ""
+    results_json.write("qad" + (f"-{a.isa}" if a.isa else ""), f"QAD step vs PyTorch on the CPU{isa}", first or {},
+                       a.threads,
+                       [{"caption": f"QAD step (teacher fwd + NVFP4 W4A16 fake-quant student fwd/bwd + KL + clip + "
+                                    f"AdamW), {a.threads} threads, best of {a.repeat}",
+                         "columns": ["model", "B x T", "nibble tok/s", "PyTorch tok/s", "ratio", "ratio per CPU-s",
+                                     "quantized linears nibble", "PyTorch"],
+                         "rows": [[name, f"{b}x{t}", n, p, round(r, 2), round(rc, 2), qn, qp]
+                                  for name, b, t, n, p, r, rc, qn, qp in rows]}],
+                       [load, "environment: " + ("OPENBLAS_CORETYPE=Haswell for nibble; MKL_ENABLE_INSTRUCTIONS=AVX2, "
+                                                 "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 for PyTorch" if a.isa
+                                                 else "as given, without OPENBLAS_CORETYPE (nibble picks its kernels)")])
 
 
 def main():
@@ -178,6 +195,7 @@ def main():
     c.add_argument("--repeat", type=int, default=2)
     c.add_argument("--work", default="/tmp/nibble-bench-model")
     c.add_argument("--stories", default="../shared/data/stories260K/hf")
+    c.add_argument("--isa", choices=["avx2"], help="hold both sides to AVX2 (measures an older CPU's path)")
     c.add_argument("--smollm", default=os.path.expanduser("~/.cache/nibble/SmolLM2-135M-Instruct.Q4_1.gguf"))
     a = ap.parse_args()
     bench(a) if a.cmd == "run" else compare(a)

@@ -13,6 +13,7 @@
 
 #include "nibble/ctx.h"
 #include "model/internal.h"   /* nb_simd_env_status: a bad NIBBLE_SIMD fails context creation */
+#include "blas_internal.h"
 
 #ifndef NIBBLE_VERSION
 #define NIBBLE_VERSION "0.0.0"
@@ -187,6 +188,8 @@ nb_status nb_ctx_new(int threads, nb_ctx **out) {
     nb_rng_seed(&c->rng, 0x6e6962626c65ull);  /* "nibble" */
     nb_status s = nb_simd_env_status(c);
     if (s == NB_OK) s = nb_ctx_set_threads(c, threads);
+    /* the BLAS is loaded (and its kernels checked) before anything can multiply */
+    if (s == NB_OK) s = nb_blas_load(c);
     if (s != NB_OK) {
         snprintf(g_new_error, sizeof g_new_error, "%s", c->last_error);
         nb_ctx_release(c);

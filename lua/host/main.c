@@ -289,8 +289,18 @@ static int run_chunk(lua_State *L, int load_status, const char *progname, const 
     return exit_code(status, interrupted);
 }
 
-static void print_version(void) {
+/* The second line says which GEMM kernels run on this CPU, so a slow machine explains itself. */
+static int print_version(void) {
     printf("nibble %s (%s, CUDA %s)\n", nb_version(), LUAJIT_VERSION, nb_cuda_built() ? "on" : "off");
+    nb_blas_info info;
+    if (nb_blas_get(NULL, &info) != NB_OK) {
+        fprintf(stderr, "nibble: %s\n", nb_blas_error());
+        return 1;
+    }
+    char line[1024];
+    nb_blas_describe(&info, line, sizeof line);
+    printf("%s\n", line);
+    return 0;
 }
 
 static void print_help(lua_State *L) {
@@ -301,7 +311,8 @@ static void print_help(lua_State *L) {
            "                             (strings), the others as arg[1], arg[2], ...; FILE - is stdin\n"
            "  nibble FILE.lua [ARGS]     the same as run\n"
            "  nibble -e CODE [ARGS]      run CODE (arguments as for run)\n"
-           "  nibble --version           print the nibble and LuaJIT versions\n"
+           "  nibble --version           print the nibble and LuaJIT versions, the GEMM library, its\n"
+           "                             kernel set and the CPU's features\n"
            "  nibble --help              this help\n"
            "\n"
            "commands (lua/nibble/cli/<name>.lua):\n");
@@ -319,7 +330,9 @@ static void print_help(lua_State *L) {
     }
     printf("\nThe Lua module: `nibble` is a global in scripts and the REPL (require \"nibble\" from luajit).\n"
            "environment: NIBBLE_THREADS (threads of the default context), NIBBLE_LUA_PATH (extra\n"
-           "module path, searched first), NIBBLE_LIB (libnibble for a plain luajit)\n");
+           "module path, searched first), NIBBLE_LIB (libnibble for a plain luajit), OPENBLAS_CORETYPE\n"
+           "(forces the GEMM kernel set; unset, nibble picks the CPU's best: see --version), NIBBLE_BLAS\n"
+           "(another CBLAS library to load, e.g. libblis.so.4)\n");
 }
 
 static int file_exists(const char *path) {
@@ -375,8 +388,7 @@ static int pmain(lua_State *L) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-v") || !strcmp(cmd, "version")) {
-        print_version();
-        a->exit = 0;
+        a->exit = print_version();
     } else if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         print_help(L);
         a->exit = 0;

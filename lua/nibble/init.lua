@@ -188,6 +188,20 @@ function M.set_threads(n) check(C.nb_ctx_set_threads(CTX(), n or 0)); return C.n
 function M.seed(n) C.nb_rng_seed(C.nb_ctx_rng(CTX()), n) end
 function M.cuda() return { built = C.nb_cuda_built() ~= 0, devices = C.nb_cuda_device_count() } end
 
+-- The GEMM library and kernel set in use, and the CPU (nibble/blas.h); .line is what --version prints.
+local BLAS_HOW = { [0] = "own choice", "switched", "forced", "host fallback", "fixed", "switch failed" }
+function M.blas()
+  local info = ffi.new("nb_blas_info")
+  check(C.nb_blas_get(CTX(), info))
+  local line, flags = ffi.new("char[1024]"), ffi.new("char[256]")
+  C.nb_blas_describe(info, line, 1024)
+  C.nb_cpu_flags_str(info.cpu.flags, flags, 256)
+  return { library = ffi.string(info.library), path = ffi.string(info.path), core = ffi.string(info.core),
+           picked = ffi.string(info.picked), best = ffi.string(info.best), how = BLAS_HOW[info.how],
+           cpu = ffi.string(info.cpu.brand), vendor = ffi.string(info.cpu.vendor), family = info.cpu.family,
+           model = info.cpu.model, features = ffi.string(flags), line = ffi.string(line) }
+end
+
 -- ---- tensors ------------------------------------------------------------------------------------
 
 local TT = ffi.typeof("nb_lua_tensor")

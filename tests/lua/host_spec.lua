@@ -19,11 +19,13 @@ local function script(text)
 end
 
 describe("nibble flags", function()
-  it("--version prints nibble's and LuaJIT's versions", function()
+  it("--version prints nibble's and LuaJIT's versions, then the GEMM line (blas_spec.lua)", function()
     local out, err, code = run({ "--version" })
     assert.are.equal(0, code, err)
+    local first, second = out:match("^([^\n]*\n)(gemm: [^\n]*\n)$")
     assert.are.equal(("nibble %s (LuaJIT 2.1.0-beta3, CUDA %s)\n"):format(nibble.version,
-      nibble.cuda().built and "on" or "off"), out)
+      nibble.cuda().built and "on" or "off"), first)
+    assert.truthy(second, out)
   end)
 
   it("--help lists the built-ins and the cli modules", function()

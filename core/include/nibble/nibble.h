@@ -14,6 +14,7 @@
 #include "nibble/tokenizer.h"
 #include "nibble/qmodel.h"
 #include "nibble/ops.h"
+#include "nibble/blas.h"
 #include "nibble/model.h"
 #include "nibble/quant.h"
 #include "nibble/quant_fast.h"

@@ -1,13 +1,13 @@
 /* Fast float32 CPU kernels of the model runtime (declared in nibble/ops.h): OpenBLAS sgemm for
  * every matrix product, the context's thread pool for the elementwise and row-wise work.
  * Each op has a double-precision scalar twin in ops_ref.c that tests/c/test_ops_*.c hold it to. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "nibble/ops.h"
 #include "model/internal.h"
+#include "blas_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>   /* _mm_getcsr / _mm_setcsr: the attention backward's FTZ/DAZ */
@@ -27,7 +27,7 @@ static int g_gemm_mode = -1;   /* 0 = our pool, 1 = OpenBLAS threads */
 void nb_blas_threads(int n) {
     if (n < 1) n = 1;
     if (__atomic_load_n(&g_blas_threads, __ATOMIC_RELAXED) != n) {
-        openblas_set_num_threads(n);
+        nb_blas_set_threads(n);
         __atomic_store_n(&g_blas_threads, n, __ATOMIC_RELAXED);
     }
 }
@@ -50,8 +50,7 @@ static void sgemm1(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
-                (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+    nb_blas_sgemm(ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
 typedef struct {
