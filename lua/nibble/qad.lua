@@ -771,7 +771,7 @@ function Q.run(r, args, opts)
   -- export through the normal path: the scales the student trained with
   local t0 = now()
   result.skipped = qm:export(export.dir, { layout = export.layout or "modelopt", allow_uncalibrated = r.allow_uncalibrated,
-                                           max_shard_size = export.max_shard_size })
+                                           max_shard_size = export.max_shard_size, dtype = export.dtype })
   result.export_dir = export.dir
   log("export: %s (%s layout) in %.1f s", export.dir, export.layout or "modelopt", now() - t0)
   if eval_tokens and not opts.quiet then

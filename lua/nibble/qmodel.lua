@@ -288,8 +288,12 @@ local function parse_size(v)
 end
 M.parse_size = parse_size
 
+-- the dtypes an export writes unquantized tensors in (PyTorch's names accepted too)
+M.export_dtypes = { bf16 = "bf16", f16 = "f16", f32 = "f32", bfloat16 = "bf16", float16 = "f16", float32 = "f32" }
+
 -- export(dir, opts): opts layout ("modelopt" | "compressed-tensors"), allow_uncalibrated,
--- max_shard_size ("10GB"), dtype (of unquantized tensors; default each tensor's source dtype),
+-- max_shard_size ("10GB"), dtype ("bf16" | "f16" | "f32": the unquantized tensors and config.json's
+-- torch_dtype; default the source's when it is BF16 or F16, else bf16),
 -- source_dir (config/tokenizer files; default the model's directory). Atomic. Returns the list of
 -- modules left unquantized because allow_uncalibrated was set.
 function QModel:export(dir, opts)
@@ -304,7 +308,11 @@ function QModel:export(dir, opts)
   end
   o.allow_uncalibrated = opts.allow_uncalibrated and 1 or 0
   o.max_shard_bytes = parse_size(opts.max_shard_size)
-  if opts.dtype ~= nil then o.dtype = nibble.dtype(opts.dtype) end
+  if opts.dtype ~= nil then
+    local d = M.export_dtypes[opts.dtype]
+    if not d then fail(("unknown export dtype %s (bf16, f16, f32)"):format(tostring(opts.dtype))) end
+    o.dtype = nibble.dtype(d)
+  end
   local keep = opts.source_dir
   if keep ~= nil then o.source_dir = keep end
   check(C.nb_qmodel_export(ctx(), qp(self), dir, o))

@@ -1,7 +1,7 @@
 -- nibble quantize: post-training quantization of a model to NVFP4 / MXFP8 / FP8, exported for serving
 -- Usage: nibble quantize --model PATH --format F [--algorithm A] [--calib FILE] [--samples N]
 --          [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
---          [--kv-cache fp8] [--allow-uncalibrated] [--quiet] --out DIR
+--          [--kv-cache fp8] [--dtype bf16|f16|f32] [--allow-uncalibrated] [--quiet] --out DIR
 -- F is a preset: nvfp4_w4a16, nvfp4 (W4A4), nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4 (W4A4), mxfp8, fp8 (W8A8),
 -- fp8_per_channel.
 -- Every linear layer gets F except the default exclusions (lm_head, routers, MoE gates) and the
@@ -12,9 +12,11 @@
 local USAGE = [[
 usage: nibble quantize --model PATH --format F [--algorithm max|mse|four_over_six] [--calib FILE]
          [--samples N] [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
-         [--kv-cache fp8] [--allow-uncalibrated] [--quiet] --out DIR
+         [--kv-cache fp8] [--dtype bf16|f16|f32] [--allow-uncalibrated] [--quiet] --out DIR
 formats: nvfp4_w4a16, nvfp4, nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4, mxfp8, fp8, fp8_per_channel
   --samples N   calibration rows (default 512; fewer when --calib has fewer); N >= 1
+  --dtype D     the unquantized tensors and config.json's torch_dtype (default: the model's own
+                if BF16 or F16, else bf16, what vLLM and compressed-tensors run)
 ]]
 
 local function clean(e) return (tostring(e):gsub("^[^\n]-:%d+: ", "")) end
@@ -30,7 +32,7 @@ local SPEC = {
   { "--samples", key = "samples", num = "int+" }, { "--seq-len", key = "seq_len", num = "int+" },
   { "--batch", key = "batch", num = "int+" }, { "--seed", key = "seed", num = "int0" },
   { "--layout", key = "layout", arg = "LAYOUT" }, { "--out", "-o", key = "out", arg = "DIR" },
-  { "--kv-cache", key = "kv_cache", arg = "FORMAT" }, { "--allow-uncalibrated", key = "allow_uncalibrated" },
+  { "--kv-cache", key = "kv_cache", arg = "FORMAT" }, { "--dtype", key = "dtype", arg = "DTYPE" }, { "--allow-uncalibrated", key = "allow_uncalibrated" },
   { "--quiet", "-q", key = "quiet" },
 }
 
