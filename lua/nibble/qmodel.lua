@@ -390,6 +390,8 @@ local function amax_for_scale(q, s, k)
   return false
 end
 
+M.amax_for_scale = amax_for_scale
+
 -- activations(model [, path [, opts]]): the activation quantization an exported checkpoint ships (W4A4
 -- NVFP4 or W8A8 FP8 input scales, and the FP8 KV cache's k_scale / v_scale), installed on the read-back
 -- model as fake quant with exactly the stored scales (the weights were already dequantized when the

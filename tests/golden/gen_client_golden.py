@@ -149,6 +149,14 @@ def main():
             subprocess.run(cmd, check=True)
             cfg = json.load(open(os.path.join(out, "config.json")))
             case = {"nibble_args": extra, "torch_dtype": cfg.get("torch_dtype")}
+            # the calibrated input scales (float32 bits): another BLAS sums the calibration forward in
+            # another order and may find other amaxes; the test then reads the export with these
+            from safetensors.torch import load_file
+            sd = load_file(os.path.join(out, "model.safetensors"))
+            scales = {k[:-len(".input_scale")]: "%08x" % (v.float().view(torch.int32).item() & 0xFFFFFFFF)
+                      for k, v in sd.items() if k.endswith(".input_scale")}
+            if scales:
+                case["input_scales"] = scales
             try:
                 case["client"], case["kv_applied"] = score(out, ids, tok.bos_token_id, "client")
             except Exception as e:  # noqa: BLE001 (what the client says is the record)
