@@ -3,6 +3,7 @@
 -- plain Lua. Losses add and scale; loss:backward() sends both gradients into the student's backward.
 --   nibble run examples/custom_qad.lua [model=DIR|GGUF] [data=FILE] [eval_data=FILE] [steps=40]
 --       [layer=3] [mse_weight=0.05] [lr=1e-4] [batch=4] [seq_len=256] [out=DIR]
+--       [dtype=bf16|f16|f32: the exported unquantized tensors; default the model's if BF16/F16, else bf16]
 -- Defaults use ../shared/data (stories260K and TinyStories). `layer` picks hidden state k (1 = the
 -- embeddings, n_layers + 1 = the final norm's output), as model:forward{hidden = true} numbers them.
 -- A refused request (a bad layer, a missing file) prints one line and exits 1, as nibble's own recipes do
@@ -89,7 +90,7 @@ return require("nibble.cli").program(function()
   print("QAD (KL + MSE): " .. evaluate())
 
   if arg.out then
-    ptq.qmodel:export(arg.out, { layout = arg.layout or "modelopt" })
+    ptq.qmodel:export(arg.out, { layout = arg.layout or "modelopt", dtype = arg.dtype })
     print("exported " .. arg.out)
   end
 end)

@@ -4,6 +4,7 @@
 --       [calib=FILE] [eval_data=FILE] [steps=200] [lr=1e-5] [min_lr=0] [warmup=steps/20]
 --       [seq_len=512] [batch=8] [grad_accum=1] [kd=kl|reverse_kl|topk] [topk=64] [temperature=1]
 --       [lm_loss=false] [sft_mask=true] [layout=modelopt|compressed-tensors] [metrics=FILE.jsonl]
+--       [dtype=bf16|f16|f32: the exported unquantized tensors; default the source's if BF16/F16, else bf16]
 --       [checkpoint_every=N] [checkpoint_dir=DIR] [resume=true] [eval_every=N] [ctx=512] [chunks=N]
 --       [seed=1] [teacher=PATH] [lr_scale_unquantized=1: lr multiplier of the parameters left in full precision]
 --       [lm_loss=true kd_loss_scale=S: loss = CE + S * KD] [t2=true: KD scaled by T^2] [topk_norm=renorm|student_full|ghost]
@@ -33,7 +34,7 @@ return require("nibble.cli").program(function()
     "eps", "kd", "topk", "topk_norm", "temperature", "t2", "lm_loss", "kd_loss_scale", "ignore_index", "sft_mask",
     "recalibrate", "lr_scale_unquantized", "pack", "eos", "separator", "text_field", "layout", "metrics",
     "checkpoint_every", "checkpoint_dir", "resume", "overwrite", "eval_every", "ctx", "chunks", "seed",
-    "allow_long" })
+    "allow_long", "dtype" })
   if not a then return nil end   -- --help
   local format = recipe.check_preset(a.str("format", "nvfp4_w4a16"), "qad.lua")
   local kds = { kl = true, reverse_kl = true, topk = true }
@@ -95,6 +96,6 @@ return require("nibble.cli").program(function()
       metrics = a.str("metrics"),
     },
     eval = { ctx = a.num("ctx", 512), chunks = a.num("chunks", nil) },
-    export = { dir = a.str("out"), layout = a.str("layout", "modelopt") },
+    export = { dir = a.str("out"), layout = a.str("layout", "modelopt"), dtype = a.str("dtype") },
   }
 end)

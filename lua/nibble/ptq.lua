@@ -245,13 +245,14 @@ function M.weight_error(qm, model)
 end
 
 -- recipe_of(o): the recipe `nibble quantize` runs: recipes/ptq.lua with o's values as its arguments
--- (model, format, algorithm, calib, samples, seq_len, batch, seed, layout, out, allow_uncalibrated, allow_long).
+-- (model, format, algorithm, calib, samples, seq_len, batch, seed, layout, out, allow_uncalibrated, allow_long,
+-- dtype).
 function M.recipe_of(o)
   local path = recipe.find("ptq")
   if not path then error("ptq: recipes/ptq.lua not found on the recipe path (set NIBBLE_RECIPES)", 0) end
   local args = {}
   for _, k in ipairs { "model", "format", "algorithm", "calib", "samples", "seq_len", "batch", "seed", "layout", "out",
-                       "kv_cache" } do
+                       "kv_cache", "dtype" } do
     if o[k] ~= nil then args[k] = tostring(o[k]) end
   end
   if o.allow_uncalibrated then args.allow_uncalibrated = "true" end
@@ -441,7 +442,7 @@ function M.run(r, args, opts)
     result.skipped, result.nonfinite = qm:export(export.dir, { layout = export.layout or "modelopt",
                                              allow_uncalibrated = r.allow_uncalibrated,
                                              allow_nonfinite = r.allow_nonfinite,
-                                             max_shard_size = export.max_shard_size })
+                                             max_shard_size = export.max_shard_size, dtype = export.dtype })
     if #result.skipped > 0 then
       log("export: allow_uncalibrated left %d module(s) unquantized: %s", #result.skipped,
           table.concat(result.skipped, ", "))

@@ -798,7 +798,7 @@ function Q.run(r, args, opts)
   local t0 = now()
   result.skipped, result.nonfinite = qm:export(export.dir, { layout = export.layout or "modelopt",
                                            allow_uncalibrated = r.allow_uncalibrated, allow_nonfinite = r.allow_nonfinite,
-                                           max_shard_size = export.max_shard_size })
+                                           max_shard_size = export.max_shard_size, dtype = export.dtype })
   require("nibble.ptq").report_nonfinite(result.nonfinite)
   result.export_dir = export.dir
   log("export: %s (%s layout) in %.1f s", export.dir, export.layout or "modelopt", now() - t0)

@@ -288,6 +288,9 @@ local function parse_size(v)
 end
 M.parse_size = parse_size
 
+-- the dtypes an export writes unquantized tensors in (PyTorch's names accepted too)
+M.export_dtypes = { bf16 = "bf16", f16 = "f16", f32 = "f32", bfloat16 = "bf16", float16 = "f16", float32 = "f32" }
+
 -- The folders exports completed in this process, in order: a Ctrl-C that arrives after one says the
 -- export is complete (nibble.cli.interrupt_message). Appended by a function the host's Ctrl-C hook lets
 -- finish, so a completed export is never missed.
@@ -299,7 +302,8 @@ local export_call = nibble.critical(function(c, p, dir, o)
 end)
 
 -- export(dir, opts): opts layout ("modelopt" | "compressed-tensors"), allow_uncalibrated,
--- max_shard_size ("10GB"), dtype (of unquantized tensors; default each tensor's source dtype),
+-- max_shard_size ("10GB"), dtype ("bf16" | "f16" | "f32": the unquantized tensors and config.json's
+-- torch_dtype; default the source's when it is BF16 or F16, else bf16),
 -- source_dir (config/tokenizer files; default the model's directory), allow_nonfinite (write NaN/Inf
 -- values instead of failing). Atomic and durable; missing parent folders are created. Returns the list
 -- of modules left unquantized because allow_uncalibrated was set, and the list of tensors written
@@ -317,7 +321,11 @@ function QModel:export(dir, opts)
   o.allow_uncalibrated = opts.allow_uncalibrated and 1 or 0
   o.allow_nonfinite = opts.allow_nonfinite and 1 or 0
   o.max_shard_bytes = parse_size(opts.max_shard_size)
-  if opts.dtype ~= nil then o.dtype = nibble.dtype(opts.dtype) end
+  if opts.dtype ~= nil then
+    local d = M.export_dtypes[opts.dtype]
+    if not d then fail(("unknown export dtype %s (bf16, f16, f32)"):format(tostring(opts.dtype))) end
+    o.dtype = nibble.dtype(d)
+  end
   local keep = opts.source_dir
   if keep ~= nil then o.source_dir = keep end
   check(export_call(ctx(), qp(self), dir, o))
@@ -398,6 +406,8 @@ local function amax_for_scale(q, s, k)
   check(C.nb_quantizer_set_state(ctx(), q, "amax", t.ptr))
   return false
 end
+
+M.amax_for_scale = amax_for_scale
 
 -- activations(model [, path [, opts]]): the activation quantization an exported checkpoint ships (W4A4
 -- NVFP4 or W8A8 FP8 input scales, and the FP8 KV cache's k_scale / v_scale), installed on the read-back

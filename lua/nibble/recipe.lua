@@ -33,6 +33,8 @@ M.kv_presets = { fp8 = { format = "fp8", quant_algo = "FP8" } }
 
 M.algorithms = { max = true, mse = true, four_over_six = true }
 M.layouts = { modelopt = true, ["compressed-tensors"] = true }
+-- the dtype of an export's unquantized tensors (default: the source's if BF16 / F16, else bf16)
+M.export_dtypes = { bf16 = true, f16 = true, f32 = true }
 
 ---------------------------------------------------------------------------------------------------
 -- schema: the keys a recipe may have (unknown keys are errors with a did-you-mean)
@@ -61,7 +63,7 @@ M.sub_schema = {
               -- what nibble.qad.run refuses unless asked: seq_len beyond the model's max_position_embeddings,
               -- a fresh run over a checkpoint_dir that holds checkpoints (overwrite removes them)
               allow_long = true, overwrite = true },
-  export = { dir = true, layout = true, max_shard_size = true },
+  export = { dir = true, layout = true, max_shard_size = true, dtype = true },
   eval = { data = true, ctx = true, chunks = true },
 }
 
@@ -485,6 +487,10 @@ function M.validate(r)
   if r.export and r.export.layout and not M.layouts[r.export.layout] then
     error(string.format("recipe: unknown export layout '%s'%s; known: modelopt, compressed-tensors",
       r.export.layout, did_you_mean(r.export.layout, keys_of(M.layouts))), 0)
+  end
+  if r.export and r.export.dtype ~= nil and not M.export_dtypes[r.export.dtype] then
+    error(string.format("recipe: unknown export dtype '%s'%s; known: bf16, f16, f32", tostring(r.export.dtype),
+      did_you_mean(tostring(r.export.dtype), keys_of(M.export_dtypes))), 0)
   end
   if r.kv_cache ~= nil and r.kv_cache ~= false and not M.kv_presets[r.kv_cache] then
     error(string.format("recipe: unknown kv_cache '%s'%s; known: fp8 (or false)", tostring(r.kv_cache),

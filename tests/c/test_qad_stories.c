@@ -153,6 +153,7 @@ int main(void) {
     snprintf(out, sizeof out, "%s/export", tmpdir);
     nb_export_opts eo;
     nb_export_opts_init(&eo);
+    eo.dtype = NB_F32;   /* the trained unquantized tensors as the student holds them (default: BF16) */
     CHECK_OK(ctx, nb_qmodel_export(ctx, M.qm, out, &eo));
     nb_st *st = NULL;
     CHECK_OK(ctx, nb_st_open(ctx, out, &st));

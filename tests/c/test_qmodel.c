@@ -87,7 +87,7 @@ static void check_modelopt_export(nb_ctx *ctx, const char *dir) {
     CHECK_EQ_INT(e->ndim, 0);
     CHECK(nb_st_find(st, "model.layers.0.self_attn.q_proj.input_scale") < 0);   /* W4A16: no input_scale */
     e = nb_st_entry_at(st, nb_st_find(st, "model.layers.1.mlp.down_proj.weight"));
-    CHECK_EQ_INT(e->dtype, NB_F32);                                               /* excluded: source dtype */
+    CHECK_EQ_INT(e->dtype, NB_BF16);                          /* excluded: the F32 source ships in BF16 (default) */
     CHECK(nb_st_find(st, "lm_head.weight") < 0);                                  /* tied */
     CHECK(nb_st_find(st, "model.embed_tokens.weight") >= 0);
     CHECK(strcmp(nb_st_metadata(st, "format"), "pt") == 0);
@@ -159,6 +159,9 @@ static void check_modelopt_export(nb_ctx *ctx, const char *dir) {
     j = cJSON_Parse(txt ? txt : "");
     cJSON *qc = cJSON_GetObjectItem(j, "quantization_config");
     CHECK(cJSON_IsObject(qc));
+    /* the source's config.json said float32; the unquantized tensors are BF16, and so is torch_dtype */
+    CHECK(cJSON_IsString(cJSON_GetObjectItem(j, "torch_dtype")) &&
+          strcmp(cJSON_GetObjectItem(j, "torch_dtype")->valuestring, "bfloat16") == 0);
     CHECK(strcmp(cJSON_GetObjectItem(qc, "quant_method")->valuestring, "modelopt") == 0);
     CHECK(strcmp(cJSON_GetObjectItem(qc, "quant_algo")->valuestring, "W4A16_NVFP4") == 0);
     cJSON *g0 = cJSON_GetObjectItem(cJSON_GetObjectItem(qc, "config_groups"), "group_0");
@@ -302,7 +305,7 @@ int main(void) {
     CHECK_OK(ctx, nb_st_open(ctx, out2, &st));
     if (st) {
         const nb_st_entry *e = nb_st_entry_at(st, nb_st_find(st, "model.layers.3.self_attn.o_proj.weight"));
-        CHECK_EQ_INT(e->dtype, NB_F32);
+        CHECK_EQ_INT(e->dtype, NB_BF16);   /* left unquantized: written like every unquantized tensor */
         nb_st_close(st);
     }
     path(p2, out2, "hf_quant_config.json");

@@ -72,6 +72,10 @@ static void run(nb_ctx *ctx, const scenario *sc) {
     snprintf(ct, sizeof ct, "%s/%s-ct", tmpdir, sc->name);
     nb_export_opts eo;
     nb_export_opts_init(&eo);
+    /* the unquantized tensors in the source's own dtype (F32, or BF16 for the bf16-src copy below; the
+     * default rounds an F32 source to BF16, see default_dtype): then every read-back weight and logit
+     * is the student's */
+    eo.dtype = nb_model_param_src_dtype(m, nb_model_find_param(m, "model.embed_tokens.weight"));
     CHECK_OK(ctx, nb_qmodel_export(ctx, qm, mo, &eo));
     eo.layout = NB_LAYOUT_COMPRESSED_TENSORS;
     CHECK_OK(ctx, nb_qmodel_export(ctx, qm, ct, &eo));
@@ -212,6 +216,68 @@ static void malformed(nb_ctx *ctx) {
     (void)write_text;
 }
 
+/* The dtype of unquantized tensors: BF16 by default for this F32 source (F16 on request), each value
+ * the RNE rounding of the source's (nb_f32_to_bf16 / nb_f32_to_f16, held to torch's conversion by
+ * lua.client_golden), config.json's torch_dtype saying so; a dtype that is not bf16 / f16 / f32 is
+ * refused. */
+static void default_dtype(nb_ctx *ctx) {
+    nb_model *m = NULL, *rb = NULL;
+    nb_qmodel *qm = NULL;
+    CHECK_OK(ctx, nb_model_load(ctx, hf, &m));
+    if (!m) return;
+    CHECK_OK(ctx, nb_qmodel_new(ctx, m, &qm));
+    static const scenario w = {"w4a16", NB_FMT_NVFP4, NB_FMT_NVFP4, NB_FMT_NONE, NB_CALIB_MAX, 1};
+    apply(ctx, qm, &w);
+    nb_calib_config cc;
+    nb_calib_config_init(&cc, NB_CALIB_MAX);
+    CHECK_OK(ctx, nb_qmodel_calibrate_weights(ctx, qm, &cc));
+    static const struct { int32_t dtype, want; const char *torch; } cases[] = {
+        {-1, NB_BF16, "\"torch_dtype\": \"bfloat16\""}, {NB_F16, NB_F16, "\"torch_dtype\": \"float16\""}};
+    for (int k = 0; k < 2; k++) {
+        char dir[512], p[600];
+        snprintf(dir, sizeof dir, "%s/dtype-%d", tmpdir, k);
+        nb_export_opts eo;
+        nb_export_opts_init(&eo);
+        eo.dtype = cases[k].dtype;
+        CHECK_OK(ctx, nb_qmodel_export(ctx, qm, dir, &eo));
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        FILE *f = fopen(p, "rb");
+        char buf[4096] = {0};
+        if (f) { (void)!fread(buf, 1, sizeof buf - 1, f); fclose(f); }
+        CHECK_MSG(strstr(buf, cases[k].torch) != NULL, "%s has no %s", p, cases[k].torch);
+        CHECK(strstr(buf, "float32") == NULL);
+        CHECK_OK(ctx, nb_model_load(ctx, dir, &rb));
+        if (!rb) continue;
+        int n = 0;
+        for (int64_t i = 0; i < nb_model_param_count(m); i++) {
+            const char *pname = nb_model_param_name(m, i);
+            int64_t j = nb_model_find_param(rb, pname);
+            if (nb_model_param_src_dtype(rb, j) == -1) continue;   /* quantized */
+            CHECK_EQ_INT(nb_model_param_src_dtype(rb, j), cases[k].want);
+            const float *a = nb_tensor_data(nb_model_param(m, i)), *b = nb_tensor_data(nb_model_param(rb, j));
+            int64_t bad = 0;
+            for (int64_t e = 0; e < nb_tensor_numel(nb_model_param(m, i)); e++) {
+                float r = cases[k].want == NB_BF16 ? nb_bf16_to_f32(nb_f32_to_bf16(a[e])) : nb_f16_to_f32(nb_f32_to_f16(a[e]));
+                bad += memcmp(&r, &b[e], sizeof r) != 0;
+            }
+            CHECK_MSG(bad == 0, "%s: %lld values are not the rounded source", pname, (long long)bad);
+            n++;
+        }
+        CHECK_EQ_INT(n, 17);   /* embed_tokens, 11 RMSNorm weights, 5 down_proj (172 wide: no NVFP4 block) */
+        nb_model_free(rb);
+        rb = NULL;
+    }
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/dtype-e4m3", tmpdir);
+    nb_export_opts eo;
+    nb_export_opts_init(&eo);
+    eo.dtype = NB_E4M3;
+    CHECK_FAIL(ctx, nb_qmodel_export(ctx, qm, dir, &eo), NB_ERR_INVALID,
+               "export dtype e4m3: unquantized tensors are written as bf16, f16 or f32");
+    nb_qmodel_free(qm);
+    nb_model_free(m);
+}
+
 int main(void) {
     const char *st = nbt_data("stories260K/hf/model.safetensors");
     snprintf(hf, sizeof hf, "%s", st);
@@ -233,6 +299,7 @@ int main(void) {
     };
     for (size_t k = 0; k < sizeof scs / sizeof scs[0]; k++) run(ctx, &scs[k]);
     malformed(ctx);
+    default_dtype(ctx);
 
     /* A BF16 checkpoint: ModelOpt's FP8 export divides in bf16 (w_bf16 / bf16(s), FORMATS §6.4); the
      * quantizer takes the same division from the weight's source dtype, so the student's fake quant

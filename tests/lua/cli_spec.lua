@@ -336,6 +336,8 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
       "nibble quantize: --seq-len needs a positive integer, got 0\n")
     refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--out", tmp .. "/q", "--batch", "0" },
       "nibble quantize: --batch needs a positive integer, got 0\n")
+    refused({ "quantize", "--model", "/nonexistent", "--format", "nvfp4", "--out", tmp .. "/q", "--dtype", "f64" },
+      "nibble quantize: recipe: unknown export dtype 'f64' (did you mean 'f16'?); known: bf16, f16, f32\n")
     refused({ "generate", "--model", "/nonexistent", "--top-p", "2" }, "nibble generate: --top-p needs a number in (0, 1], got 2\n")
     refused({ "generate", "--model", "/nonexistent", "--top-p", "0" }, "nibble generate: --top-p needs a number in (0, 1], got 0\n")
   end)

@@ -55,8 +55,10 @@ describe("ptq on stories260K", function()
   it("W4A16: plan, export, and read-back logits equal to the student's fake quant", function()
     if not need(stories) then return end
     local out = tmp .. "/w4a16"
+    -- export.dtype f32: the unquantized tensors as the student holds them (the default rounds this F32
+    -- model's to BF16), so the read-back logits are the student's bit for bit
     local res = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = stories },
-                                      export = { dir = out } })
+                                      export = { dir = out, dtype = "f32" } })
     local n = 0
     for _, e in ipairs(res.plan) do if e.format then n = n + 1 end end
     assert.are.equal(30, n)
@@ -119,7 +121,7 @@ describe("ptq on stories260K", function()
         local res = quiet_run(recipe.new {
           extends = "units/" .. case[1], model = { path = stories },
           calibration = { data = train, samples = 8, seq_len = 128, batch = 4, seed = 1 },
-          export = { dir = out, layout = layout } })
+          export = { dir = out, layout = layout, dtype = "f32" } })   -- the student's own precision
         local toks = ids(64, 512)
         res.qmodel:set_fake(true)
         local a = logits(res.model, toks)
@@ -147,7 +149,7 @@ describe("ptq on stories260K", function()
       local res = quiet_run(recipe.new {
         extends = { "units/nvfp4_w4a16", "units/kv_fp8" }, model = { path = stories },
         calibration = { data = train, samples = 8, seq_len = 128, batch = 4, seed = 1 },
-        export = { dir = out, layout = layout } })
+        export = { dir = out, layout = layout, dtype = "f32" } })   -- the student's own precision
       assert.are.equal("fp8", res.kv_cache)
       local qm = res.qmodel
       assert.are.equal("fp8", qm:kv_format())
@@ -245,7 +247,7 @@ describe("ptq on stories260K", function()
     assert.are.equal("F32", info["model.layers.4.self_attn.v_proj.v_scale"].dtype)
     for name, e in pairs(info) do
       assert.is_nil(name:match("weight_scale"), name)
-      if name:match("%.weight$") then assert.are.equal("F32", e.dtype, name) end
+      if name:match("%.weight$") then assert.are.equal("BF16", e.dtype, name) end   -- F32 source: BF16 by default
     end
     local back = nibble.model.load(out)
     local toks = ids(64, 512)
@@ -348,7 +350,9 @@ describe("ptq on stories260K", function()
   it("a MIXED_PRECISION recipe (MXFP8 on *.mlp.*, NVFP4 elsewhere) exports and reads back", function()
     if not need(stories) then return end
     local out = tmp .. "/mixed"
-    local res = quiet_run(fixtures .. "/mixed.lua", { model = stories, out = out })
+    local r = recipe.load(fixtures .. "/mixed.lua", { model = stories, out = out })
+    r.export.dtype = "f32"   -- the student's own precision: read-back logits bit for bit
+    local res = quiet_run(r)
     local hq = json_file(out .. "/hf_quant_config.json")
     assert.are.equal("MIXED_PRECISION", hq.quantization.quant_algo)
     local ql = hq.quantization.quantized_layers
@@ -468,12 +472,12 @@ describe("untied lm_head (transformers Llama-3 golden model)", function()
                                       export = { dir = tmp .. "/l3-default" } })
     assert.are.same({ "lm_head", "model.embed_tokens" },
                     json_file(tmp .. "/l3-default/hf_quant_config.json").quantization.exclude_modules)
-    assert.are.equal("F32", st_info(tmp .. "/l3-default")["lm_head.weight"].dtype)
+    assert.are.equal("BF16", st_info(tmp .. "/l3-default")["lm_head.weight"].dtype)   -- F32 source: BF16
     for _, layout in ipairs { "modelopt", "compressed-tensors" } do
       local out = tmp .. "/l3-lm-" .. layout
       local res = quiet_run(recipe.new { extends = "units/nvfp4_w4a16", model = { path = llama3 },
                                         quantize = { { "lm_head", "nvfp4_w4a16" } },
-                                        export = { dir = out, layout = layout } })
+                                        export = { dir = out, layout = layout, dtype = "f32" } })
       local plan = {}
       for _, e in ipairs(res.plan) do plan[e.name] = e end
       assert.are.equal("nvfp4_w4a16", plan.lm_head.format)
@@ -530,7 +534,7 @@ describe("nibble.qmodel", function()
     local skipped = qm:export(tmp .. "/guard", { allow_uncalibrated = true })
     assert.are.same({ "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj" }, skipped)
     local info = st_info(tmp .. "/guard")
-    assert.are.equal("F32", info["model.layers.0.self_attn.q_proj.weight"].dtype)
+    assert.are.equal("BF16", info["model.layers.0.self_attn.q_proj.weight"].dtype)   -- skipped: as unquantized
     assert.are.equal("F8_E4M3", info["model.layers.1.mlp.up_proj.weight"].dtype)
     -- weight quantizers as nibble.quant objects, sharing state with the qmodel's
     local wq = qm:weight_quantizer("model.layers.1.mlp.up_proj")

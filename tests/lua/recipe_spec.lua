@@ -141,6 +141,13 @@ describe("validation", function()
     assert.matches("unknown export layout 'modelop' %(did you mean 'modelopt'%?%)",
       err_of(recipe.resolve, recipe.new { export = { layout = "modelop" } }, mods))
   end)
+  it("export.dtype: bf16, f16 or f32; anything else is refused with did-you-mean", function()
+    assert.equal("recipe: unknown export dtype 'bf61' (did you mean 'bf16'?); known: bf16, f16, f32",
+      err_of(recipe.resolve, recipe.new { export = { dtype = "bf61" } }, mods))
+    for _, d in ipairs { "bf16", "f16", "f32" } do
+      assert.are.equal(d, recipe.compose(recipe.new { export = { dtype = d } }).export.dtype)
+    end
+  end)
   it("bad rule shapes", function()
     assert.matches("first element must be a glob", err_of(recipe.resolve, recipe.new { quantize = { { 3, "fp8" } } }, mods))
     assert.matches("must be a preset name or false", err_of(recipe.resolve, recipe.new { quantize = { { "*", true } } }, mods))

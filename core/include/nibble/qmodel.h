@@ -100,8 +100,9 @@ typedef struct nb_export_opts {
     int32_t layout;               /* NB_LAYOUT_* */
     int32_t allow_uncalibrated;   /* exclude uncalibrated modules (reported) instead of failing */
     int64_t max_shard_bytes;      /* 0 = 10 GB, as ModelOpt's save_pretrained */
-    int32_t dtype;                /* dtype of unquantized tensors; -1 = each tensor's source dtype
-                                     (BF16 for tensors dequantized from a quantized GGUF) */
+    int32_t dtype;                /* NB_BF16, NB_F16 or NB_F32: the dtype of every unquantized tensor and
+                                     config.json's torch_dtype; -1 = the source's when it is mostly F16
+                                     or BF16, else BF16 (F32 checkpoints, GGUF files) */
     const char *source_dir;       /* HF dir to take config.json / tokenizer / generation files from;
                                      NULL = the model's own directory (nothing for GGUF or memory models) */
     int32_t allow_nonfinite;      /* write NaN/Inf values (reported) instead of failing */

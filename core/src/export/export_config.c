@@ -334,6 +334,18 @@ static const char *torch_dtype_name(nb_dtype dt) {
     }
 }
 
+/* config.json says the dtype the unquantized tensors are in: torch_dtype (what transformers 4 and vLLM
+ * read) and, where the source already had it, transformers 5's dtype; loaders build the model in it. */
+void nbx_set_torch_dtype(cJSON *config, nb_dtype dt) {
+    static const char *const keys[] = {"torch_dtype", "dtype"};
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && !cJSON_GetObjectItemCaseSensitive(config, keys[k])) continue;
+        cJSON *v = cJSON_CreateString(torch_dtype_name(dt));
+        if (cJSON_GetObjectItemCaseSensitive(config, keys[k])) cJSON_ReplaceItemInObjectCaseSensitive(config, keys[k], v);
+        else cJSON_AddItemToObject(config, keys[k], v);
+    }
+}
+
 /* config.json for a model that came without one (GGUF, memory): the HF fields transformers needs. */
 cJSON *nbx_synth_config(const nb_qmodel *qm, nb_dtype dt) {
     const nb_model_config *c = nb_model_get_config(qm->m);

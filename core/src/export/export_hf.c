@@ -51,11 +51,21 @@ static nb_status scalar_f32(nb_ctx *ctx, float v, int ndim, nb_dtype dt, nb_tens
     return nb_tensor_set(ctx, *out, idx, (double)v);
 }
 
-/* The dtype an unquantized tensor is written in. */
-static nb_dtype out_dtype(const nb_qmodel *qm, int64_t param, const nb_export_opts *o) {
+/* The one dtype every unquantized tensor is written in (and config.json's torch_dtype): the asked
+ * one, else the source's half precision (F16 when the model's float parameters are mostly F16, BF16
+ * when mostly BF16), else BF16: F32 checkpoints and GGUF files ship as BF16, the dtype vLLM,
+ * TensorRT-LLM and compressed-tensors (which decompresses NVFP4 / MXFP8 weights into BF16) run. */
+static nb_dtype export_dtype(const nb_qmodel *qm, const nb_export_opts *o) {
     if (o->dtype >= 0) return (nb_dtype)o->dtype;
-    int32_t src = nb_model_param_src_dtype(qm->m, param);
-    return (src == NB_F32 || src == NB_F16 || src == NB_BF16) ? (nb_dtype)src : NB_BF16;
+    if (nb_model_format_of(qm->m) == NB_MODEL_GGUF) return NB_BF16;
+    int64_t n16 = 0, nbf = 0;
+    for (int64_t p = 0; p < nb_model_param_count(qm->m); p++) {
+        int64_t n = nb_tensor_numel(nb_model_param(qm->m, p));
+        int32_t src = nb_model_param_src_dtype(qm->m, p);
+        if (src == NB_F16) n16 += n;
+        else if (src == NB_BF16) nbf += n;
+    }
+    return n16 > nbf ? NB_F16 : NB_BF16;
 }
 
 /* ---- tensors -------------------------------------------------------------------------------- */
@@ -309,14 +319,12 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
     /* the mark nb_export_check_target looks for: free-form metadata, which every loader ignores */
     if (!s) s = nb_st_writer_meta(ctx, w, "producer", "nibble");
     if (!s) s = nb_st_writer_meta(ctx, w, "producer_version", nb_version());
-    nb_dtype main_dt = NB_BF16;
+    nb_dtype main_dt = export_dtype(qm, o);
     for (int64_t p = 0; p < np && !s; p++) {
         if (nb_ctx_interrupted(ctx)) { s = nb_fail(ctx, NB_ERR_INTERRUPTED, "export interrupted"); break; }
         if (owner[p] >= 0) { s = add_quantized(ctx, w, qm, &qm->mods[owner[p]], o); continue; }
         nb_tensor *t = nb_model_param(qm->m, p), *c = NULL;
-        nb_dtype dt = out_dtype(qm, p, o);
-        if (p == 0) main_dt = dt;
-        s = nb_tensor_to(ctx, t, dt, &c);
+        s = nb_tensor_to(ctx, t, main_dt, &c);
         if (!s) s = add_tensor(ctx, w, qm, o, nb_model_param_name(qm->m, p), c);
         nb_tensor_release(c);
     }
@@ -378,6 +386,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
         if (!config && file_exists(src)) s = nb_fail(ctx, NB_ERR_FORMAT, "%s is not valid JSON", src);
     }
     if (!s && !config) config = nbx_synth_config(qm, main_dt);
+    if (!s && config) nbx_set_torch_dtype(config, main_dt);
     if (!s && config) {
         cJSON_DeleteItemFromObject(config, "quantization_config");
         int quantized = p.n_quant > 0 || p.kv;
@@ -417,6 +426,11 @@ nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb
     if (opts) o = *opts; else nb_export_opts_init(&o);
     if (o.layout != NB_LAYOUT_MODELOPT && o.layout != NB_LAYOUT_COMPRESSED_TENSORS)
         return nb_fail(ctx, NB_ERR_INVALID, "unknown export layout %d", o.layout);
+    if (o.dtype >= 0 && o.dtype != NB_BF16 && o.dtype != NB_F16 && o.dtype != NB_F32) {
+        const nb_dtype_traits *dt = nb_dtype_info((nb_dtype)o.dtype);
+        return nb_fail(ctx, NB_ERR_INVALID, "export dtype %s: unquantized tensors are written as bf16, f16 or f32",
+                       dt ? dt->name : "(unknown)");
+    }
     nb_status s = nb_export_check_target(ctx, dir);
     if (s) return s;
     int *included = calloc((size_t)(qm->n + 1), sizeof *included);

@@ -64,6 +64,8 @@ cJSON *nbx_modelopt_quantization_config(const nb_qmodel *qm, const nbx_plan *p, 
 cJSON *nbx_ct_quantization_config(const nb_qmodel *qm, const int *included, int kv);
 /* config.json for a model that came without one (GGUF, memory). */
 cJSON *nbx_synth_config(const nb_qmodel *qm, nb_dtype dt);
+/* config.json's torch_dtype (and dtype, where present) set to dt's name. */
+void nbx_set_torch_dtype(cJSON *config, nb_dtype dt);
 /* The JSON file at path, or NULL when it cannot be read or parsed. */
 cJSON *nbx_read_json(const char *path);
 

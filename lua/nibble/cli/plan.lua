@@ -61,7 +61,8 @@ return function(args)
       :format(r.kv_cache)
   end
   if r.export and r.export.dir then
-    lines[#lines + 1] = ("export: %s (%s layout)"):format(r.export.dir, r.export.layout or "modelopt")
+    lines[#lines + 1] = ("export: %s (%s layout%s)"):format(r.export.dir, r.export.layout or "modelopt",
+      r.export.dtype and (", unquantized tensors in " .. r.export.dtype) or "")
   end
   io.stdout:write(table.concat(lines, "\n"), "\n")
   return 0

@@ -1,7 +1,7 @@
 -- nibble quantize: post-training quantization of a model to NVFP4 / MXFP8 / FP8, exported for serving
 -- Usage: nibble quantize --model PATH --format F [--algorithm A] [--calib FILE] [--samples N]
 --          [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
---          [--kv-cache fp8] [--allow-uncalibrated] [--allow-long] [--allow-nonfinite] [--quiet] --out DIR
+--          [--kv-cache fp8] [--allow-uncalibrated] [--allow-long] [--allow-nonfinite] [--dtype bf16|f16|f32] [--quiet] --out DIR
 -- F is a preset: nvfp4_w4a16, nvfp4 (W4A4), nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4 (W4A4), mxfp8, fp8 (W8A8),
 -- fp8_per_channel.
 -- Every linear layer gets F except the default exclusions (lm_head, routers, MoE gates) and the
@@ -14,11 +14,14 @@
 local USAGE = [[
 usage: nibble quantize --model PATH --format F [--algorithm max|mse|four_over_six] [--calib FILE]
          [--samples N] [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
-         [--kv-cache fp8] [--allow-uncalibrated] [--allow-long] [--allow-nonfinite] [--quiet] --out DIR
+         [--kv-cache fp8] [--allow-uncalibrated] [--allow-long] [--allow-nonfinite]
+         [--dtype bf16|f16|f32] [--quiet] --out DIR
 formats: nvfp4_w4a16, nvfp4, nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4, mxfp8, fp8, fp8_per_channel
   --samples N   calibration rows (default 512; fewer when --calib has fewer); N >= 1
   --seq-len N   tokens per calibration row (default 512); at most the model's max_position_embeddings
   --allow-long  allow a --seq-len beyond max_position_embeddings
+  --dtype D     the unquantized tensors and config.json's torch_dtype (default: the model's own
+                if BF16 or F16, else bf16, what vLLM and compressed-tensors run)
 ]]
 
 local SPEC = {
@@ -30,6 +33,7 @@ local SPEC = {
   { "--layout", key = "layout", arg = "LAYOUT" }, { "--out", "-o", key = "out", arg = "DIR", need = true },
   { "--kv-cache", key = "kv_cache", arg = "FORMAT" }, { "--allow-uncalibrated", key = "allow_uncalibrated" },
   { "--allow-long", key = "allow_long" }, { "--allow-nonfinite", key = "allow_nonfinite" },
+  { "--dtype", key = "dtype", arg = "DTYPE" },
   { "--quiet", "-q", key = "quiet" },
 }
 
