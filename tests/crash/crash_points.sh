@@ -144,12 +144,12 @@ if [ "$mode" = export ]; then
 
     # a file-size limit smaller than model.safetensors (462,048 bytes): one line, exit 1, nothing left
     mkdir -p "$W/x"
-    (ulimit -f 300; exec "$bin" quantize --model "$M" --format nvfp4_w4a16 --out "$W/x/out" --quiet) >"$W/xout" 2>"$W/xerr"
+    (ulimit -f 200; exec "$bin" quantize --model "$M" --format nvfp4_w4a16 --out "$W/x/out" --quiet) >"$W/xout" 2>"$W/xerr"
     rc=$?
-    [ $rc -eq 1 ] || bad "ulimit -f 300: exit $rc (153 is death by SIGXFSZ)"
+    [ $rc -eq 1 ] || bad "ulimit -f 200: exit $rc (153 is death by SIGXFSZ)"
     grep -Eqx "nibble quantize: NB_ERR_IO: cannot write $W/x/out\.nibble-tmp-[0-9]+/export/model\.safetensors: File too large" "$W/xerr" ||
-        bad "ulimit -f 300: stderr is: $(cat "$W/xerr")"
-    [ -z "$(ls -A "$W/x")" ] || bad "ulimit -f 300 left $(ls -A "$W/x" | tr '\n' ' ')"
+        bad "ulimit -f 200: stderr is: $(cat "$W/xerr")"
+    [ -z "$(ls -A "$W/x")" ] || bad "ulimit -f 200 left $(ls -A "$W/x" | tr '\n' ' ')"
 fi
 
 # ---- QAD checkpoint save --------------------------------------------------------------------------------
