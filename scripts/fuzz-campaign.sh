@@ -3,7 +3,8 @@
 # tests/fuzz for SECONDS_PER_TARGET (two at a time; FUZZ_JOBS to change), and records per-target
 # totals (executions, coverage as cov/ft, corpus size, findings) in bench/results/fuzz.json.
 # With --update-corpus, the inputs that add coverage beyond the seeds and the committed corpus are
-# merged (libFuzzer -merge=1, minimal) into tests/fuzz/TARGET/corpus/ for committing.
+# merged (libFuzzer -merge=1, minimal; each input cut to FUZZ_MERGE_MAX_LEN bytes, default 4096,
+# to keep the committed corpus small) into tests/fuzz/TARGET/corpus/ for committing.
 # A finding leaves its input under build-fuzz/fuzz-out/TARGET/artifacts/; fix the parser, then
 # commit that input under tests/fuzz/TARGET/crashes/ (ctest and CI replay it from then on).
 # Usage: scripts/fuzz-campaign.sh [--update-corpus] SECONDS_PER_TARGET [TARGET...]
@@ -26,6 +27,7 @@ LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 if [ "$UPDATE" = 1 ]; then
   for t in $TARGETS; do
     have=build-fuzz/fuzz-merge/$t
+    mkdir -p tests/fuzz/"$t"/corpus
     rm -rf "$have"
     mkdir -p "$have"
     cp tests/fuzz/"$t"/corpus/* "$have"/ 2>/dev/null || true
@@ -38,7 +40,8 @@ if [ "$UPDATE" = 1 ]; then
       done < tests/fuzz/"$t"/seeds.txt
     fi
     ls "$have" > "$have.seeded"
-    build-fuzz/tests/fuzz/fuzz_"$t" -merge=1 "$have" build-fuzz/fuzz-out/"$t"/corpus > "$have.log" 2>&1 || true
+    build-fuzz/tests/fuzz/fuzz_"$t" -merge=1 -max_len="${FUZZ_MERGE_MAX_LEN:-4096}" "$have" build-fuzz/fuzz-out/"$t"/corpus \
+      > "$have.log" 2>&1 || true
     ls "$have" | while IFS= read -r f; do
       grep -qxF "$f" "$have.seeded" || cp "$have/$f" tests/fuzz/"$t"/corpus/
     done

@@ -36,7 +36,7 @@ one() {
   set +e
   # reproducers first, each run once: a fixed finding must stay fixed
   if [ -n "$(ls "$src/crashes" 2>/dev/null)" ]; then
-    "$bin" -runs=0 "$src/crashes" > "$work/replay.log" 2>&1 || { cat "$work/replay.log" > "$work/log"; echo 1 > "$work/rc"; return; }
+    "$bin" -runs=0 -artifact_prefix="$work/artifacts/" "$src/crashes" > "$work/replay.log" 2>&1 || { cat "$work/replay.log" > "$work/log"; echo 1 > "$work/rc"; return; }
   fi
   "$bin" "$work/corpus" -max_total_time="$SECONDS_PER" -timeout=${FUZZ_TIMEOUT:-20} \
     -rss_limit_mb=${FUZZ_RSS_MB:-2560} -malloc_limit_mb=${FUZZ_MALLOC_MB:-512} -max_len=${FUZZ_MAX_LEN:-600000} \
