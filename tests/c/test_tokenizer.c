@@ -261,25 +261,26 @@ static void test_errors(nb_ctx *ctx) {
     if (tok) CHECK_EQ_INT(nb_tokenizer_vocab_size(tok), 3);
     nb_tokenizer_free(tok);
     tok = NULL;
-    const char *added5 = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]},"
-                         "\"added_tokens\":[{\"id\":5,\"content\":\"<s>\",\"special\":true}]}";
-    p = write_tmp(dir, "added5.json", added5, strlen(added5));
-    CHECK_FAIL(ctx, nb_tokenizer_from_json(ctx, p, &tok), NB_ERR_FORMAT,
-               "added token \"<s>\" has id 5, but the file declares only 3 tokens (vocab entries + added_tokens)");
-    /* ids that are no int32: fractional, or a double whose cast would be undefined behaviour */
-    const char *frac = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0.5},\"merges\":[]}}";
-    p = write_tmp(dir, "frac.json", frac, strlen(frac));
-    CHECK_FAIL(ctx, nb_tokenizer_from_json(ctx, p, &tok), NB_ERR_FORMAT, "vocab entry \"b\" has no valid id");
-    const char *huge = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
-                       "\"added_tokens\":[{\"id\":1e300,\"content\":\"<s>\"}]}";
-    p = write_tmp(dir, "huge.json", huge, strlen(huge));
-    CHECK_FAIL(ctx, nb_tokenizer_from_json(ctx, p, &tok), NB_ERR_FORMAT, "an added_tokens entry lacks id or content");
-    /* a post_processor id of 1e300 is no id (the cast would be undefined behaviour): a named error */
-    const char *tmpl = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"<s>\":0,\"a\":1},\"merges\":[]},"
-                       "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
-                       "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"ids\":[1e300]}}}}";
-    p = write_tmp(dir, "tmpl.json", tmpl, strlen(tmpl));
-    CHECK_FAIL(ctx, nb_tokenizer_from_json(ctx, p, &tok), NB_ERR_FORMAT, "tmpl.json: post_processor token '<s>' is unknown");
+    /* an id past the declared total; ids that are no int32 (fractional, or a double whose cast would be
+     * undefined behaviour); a post_processor id of 1e300, which is no id either */
+    static const struct { const char *name, *json, *err; } idcases[] = {
+        {"added5.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]},"
+                        "\"added_tokens\":[{\"id\":5,\"content\":\"<s>\",\"special\":true}]}",
+         "added token \"<s>\" has id 5, but the file declares only 3 tokens (vocab entries + added_tokens)"},
+        {"frac.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0.5},\"merges\":[]}}",
+         "vocab entry \"b\" has no valid id"},
+        {"huge.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+                      "\"added_tokens\":[{\"id\":1e300,\"content\":\"<s>\"}]}",
+         "an added_tokens entry lacks id or content"},
+        {"tmpl.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"<s>\":0,\"a\":1},\"merges\":[]},"
+                      "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+                      "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"ids\":[1e300]}}}}",
+         "tmpl.json: post_processor token '<s>' is unknown"},
+    };
+    for (size_t i = 0; i < sizeof idcases / sizeof idcases[0]; i++) {
+        p = write_tmp(dir, idcases[i].name, idcases[i].json, strlen(idcases[i].json));
+        CHECK_FAIL(ctx, nb_tokenizer_from_json(ctx, p, &tok), NB_ERR_FORMAT, idcases[i].err);
+    }
 
     /* tokenizer.model: garbage, a unigram model, a BPE model with a charsmap */
     p = write_tmp(dir, "junk.model", "\x0a\xff\xff\xff", 4);
