@@ -25,4 +25,15 @@ static inline void fz_tokenize(nb_ctx *ctx, const nb_tokenizer *tok) {
     }
 }
 
+/* The body of a tokenizer file target: write the input as `name`, load it with `load`, run it. */
+static inline int fz_tokenizer_file(const uint8_t *data, size_t size, const char *name,
+                                    nb_status (*load)(nb_ctx *, const char *, nb_tokenizer **)) {
+    nb_ctx *ctx = fz_ctx();
+    nb_tokenizer *tok = NULL;
+    if (load(ctx, fz_write(name, data, size), &tok) != NB_OK) return 0;
+    fz_tokenize(ctx, tok);
+    nb_tokenizer_free(tok);
+    return 0;
+}
+
 #endif
