@@ -4,6 +4,8 @@
 # NIBBLE_TEST_SANITIZE=1 also builds the debug preset (ASan+UBSan) and runs ctest there, less the
 # two full-model evaluation runs (perplexity over 100 chunks, ~10x slower under ASan); the same
 # forward/backward code runs under ASan in c.test_model_grad, c.test_model_stories and c.test_qad.
+# Then it builds the libFuzzer targets (clang) and runs each over its corpus plus NIBBLE_FUZZ_SECONDS
+# (default 15) of fuzzing: any finding fails the run.
 # Then scripts/test-cpus.sh reruns the numeric tests on the SIMD levels and OpenBLAS kernel sets of
 # other CPUs (NIBBLE_TEST_CPUS=0 skips it).
 # It ends with one line counting the tests (and busted cases) skipped for missing test data, after
@@ -62,6 +64,9 @@ if [ "${NIBBLE_TEST_SANITIZE:-0}" = 1 ]; then
   cmake --preset debug >/dev/null
   cmake --build build-debug -j"$JOBS"
   ctest --test-dir build-debug --output-on-failure -j"$JOBS" -E '^(c\.test_model_eval|lua\.model)$' || rc=$?
+  cmake --preset fuzz >/dev/null
+  cmake --build build-fuzz -j"$JOBS" --target fuzz
+  tests/fuzz/run.sh build-fuzz "${NIBBLE_FUZZ_SECONDS:-15}" || rc=$?
 fi
 if [ "${NIBBLE_TEST_CPUS:-1}" != 0 ]; then
   ./scripts/test-cpus.sh build || rc=$?

@@ -140,6 +140,32 @@ static void test_config_errors(nb_ctx *ctx) {
     CHECK_FAIL(ctx, load(ctx, make_dir("\"vocab_size\": 512,", "", NULL)), NB_ERR_FORMAT, "missing required field 'vocab_size'");
     CHECK_FAIL(ctx, load(ctx, make_dir("\"num_hidden_layers\": 5", "\"num_hidden_layers\": \"five\"", NULL)), NB_ERR_FORMAT,
                "field 'num_hidden_layers' must be an integer");
+    /* numbers that would overflow the cast to an integer (undefined behaviour) are refused by range */
+    CHECK_FAIL(ctx, load(ctx, make_dir("\"num_hidden_layers\": 5", "\"num_hidden_layers\": 1e36", NULL)), NB_ERR_FORMAT,
+               "config.json: field 'num_hidden_layers' is 1e+36, outside [-2147483648, 2147483647]");
+    CHECK_FAIL(ctx, load(ctx, make_dir("\"hidden_size\": 64", "\"hidden_size\": -1e300", NULL)), NB_ERR_FORMAT,
+               "config.json: field 'hidden_size' is -1e+300, outside [-2147483648, 2147483647]");
+    CHECK_FAIL(ctx, load(ctx, make_dir("\"rope_scaling\": null",
+                                       "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+                                       "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 9.3e18}", NULL)),
+               NB_ERR_FORMAT, "field 'original_max_position_embeddings' is 9.3e+18, outside [-2147483648, 2147483647]");
+    CHECK_FAIL(ctx, load(ctx, make_dir("\"num_hidden_layers\": 5", "\"num_hidden_layers\": 5.5", NULL)), NB_ERR_FORMAT,
+               "field 'num_hidden_layers' must be an integer");
+    /* sizes within int32 but more weights than the file holds are refused before the model is
+     * allocated: per layer 2*64*(64+32) + 3*64*172 = 45312 weights, times 10^6 layers, plus the
+     * 512 x 64 embedding = 45312032768; 8 per byte of the 1040128 data bytes (260032 float32) is 8321024 */
+    CHECK_FAIL(ctx, load(ctx, make_dir("\"num_hidden_layers\": 5", "\"num_hidden_layers\": 1000000", NULL)), NB_ERR_FORMAT,
+               "config.json describes a model of 45312032768 weights, more than the 1040128 bytes of tensor data can hold");
+    /* a token id out of int32 range is no id (bos), and is skipped in an eos list */
+    {
+        nb_model_config cfg;
+        CHECK_OK(ctx, nb_model_read_config(ctx, make_dir("\"bos_token_id\": 1, \"eos_token_id\": 2",
+                                                         "\"bos_token_id\": 1e300, \"eos_token_id\": [-1e300, 2, 3.5]", NULL),
+                                           &cfg));
+        CHECK_EQ_INT(cfg.bos_token_id, -1);
+        CHECK_EQ_INT(cfg.n_eos, 1);
+        CHECK_EQ_INT(cfg.eos_token_ids[0], 2);
+    }
     /* config disagrees with the weights */
     CHECK_FAIL(ctx, load(ctx, make_dir("\"hidden_size\": 64", "\"hidden_size\": 128", NULL)), NB_ERR_SHAPE,
                "tensor 'model.embed_tokens.weight' has shape [512, 64], expected [512, 128]");
@@ -234,6 +260,11 @@ static void test_gguf_errors(nb_ctx *ctx) {
                "missing tensor 'blk.5.attn_q.weight' (model.layers.5.self_attn.q_proj.weight)");
     CHECK_FAIL(ctx, load(ctx, patched_gguf("llama.block_count", 17, 4, &four, 4)), NB_ERR_FORMAT,
                "unexpected tensor 'blk.4.");
+    /* 2^32 - 1 blocks: refused from the metadata before 4 G layer records are allocated; 45312 weights per
+     * block times 4294967295, plus the 512 x 64 embedding; 8 per byte of the file's tensor data */
+    uint32_t many = 0xFFFFFFFFu;
+    CHECK_FAIL(ctx, load(ctx, patched_gguf("llama.block_count", 17, 4, &many, 4)), NB_ERR_FORMAT,
+               "the GGUF metadata describes a model of 194613558103808 weights, more than the ");
     uint32_t ff = 100;
     CHECK_FAIL(ctx, load(ctx, patched_gguf("llama.feed_forward_length", 25, 4, &ff, 4)), NB_ERR_SHAPE,
                "tensor 'blk.0.ffn_gate.weight' has shape [172, 64], expected [100, 64]");

@@ -232,6 +232,56 @@ static void test_errors(nb_ctx *ctx) {
     p = write_tmp(dir, "novocab.json", novocab, strlen(novocab));
     CHECK_FAIL(ctx, nb_tokenizer_from_json(ctx, p, &tok), NB_ERR_FORMAT, "model.vocab is missing");
 
+
+    /* ids bounded by what the file declares (vocab entries + added_tokens) before the token table is
+     * allocated: the 66-byte file below once asked for 12.9 GB. A fresh context's peak shows what the
+     * refused load allocated: the tokenizer struct and a table rounded up to 1024 entries (about
+     * 1024 x (16 + 1) bytes), far below 1 MiB; the id 333333330 would need 5.7 GB. */
+    const char *big = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":333333330},\"merges\":[]}}";
+    CHECK_EQ_INT(strlen(big), 66);
+    p = write_tmp(dir, "bigid.json", big, strlen(big));
+    nb_ctx *fresh = NULL;
+    CHECK_OK(ctx, nb_ctx_new(1, &fresh));
+    if (fresh) {
+        char want[600];
+        snprintf(want, sizeof want, "%s: vocab entry \"b\" has id 333333330, but the file declares only 2 tokens "
+                 "(vocab entries + added_tokens)", p);
+        CHECK_FAIL(fresh, nb_tokenizer_from_json(fresh, p, &tok), NB_ERR_FORMAT, want);
+        CHECK_MSG(strcmp(nb_ctx_last_error(fresh), want) == 0, "message: %s", nb_ctx_last_error(fresh));
+        nb_mem_stats fm;
+        nb_ctx_mem(fresh, &fm);
+        CHECK_MSG(fm.peak_bytes < (1 << 20), "peak %lld bytes", (long long)fm.peak_bytes);
+        nb_ctx_release(fresh);
+    }
+    /* an added token past the vocabulary counts as declared; one past the total does not */
+    const char *added = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]},"
+                        "\"added_tokens\":[{\"id\":2,\"content\":\"<s>\",\"special\":true}]}";
+    p = write_tmp(dir, "added.json", added, strlen(added));
+    CHECK_OK(ctx, nb_tokenizer_from_json(ctx, p, &tok));
+    if (tok) CHECK_EQ_INT(nb_tokenizer_vocab_size(tok), 3);
+    nb_tokenizer_free(tok);
+    tok = NULL;
+    /* an id past the declared total; ids that are no int32 (fractional, or a double whose cast would be
+     * undefined behaviour); a post_processor id of 1e300, which is no id either */
+    static const struct { const char *name, *json, *err; } idcases[] = {
+        {"added5.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]},"
+                        "\"added_tokens\":[{\"id\":5,\"content\":\"<s>\",\"special\":true}]}",
+         "added token \"<s>\" has id 5, but the file declares only 3 tokens (vocab entries + added_tokens)"},
+        {"frac.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0.5},\"merges\":[]}}",
+         "vocab entry \"b\" has no valid id"},
+        {"huge.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+                      "\"added_tokens\":[{\"id\":1e300,\"content\":\"<s>\"}]}",
+         "an added_tokens entry lacks id or content"},
+        {"tmpl.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"<s>\":0,\"a\":1},\"merges\":[]},"
+                      "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+                      "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"ids\":[1e300]}}}}",
+         "tmpl.json: post_processor token '<s>' is unknown"},
+    };
+    for (size_t i = 0; i < sizeof idcases / sizeof idcases[0]; i++) {
+        p = write_tmp(dir, idcases[i].name, idcases[i].json, strlen(idcases[i].json));
+        CHECK_FAIL(ctx, nb_tokenizer_from_json(ctx, p, &tok), NB_ERR_FORMAT, idcases[i].err);
+    }
+
     /* tokenizer.model: garbage, a unigram model, a BPE model with a charsmap */
     p = write_tmp(dir, "junk.model", "\x0a\xff\xff\xff", 4);
     CHECK_FAIL(ctx, nb_tokenizer_from_spm(ctx, p, &tok), NB_ERR_FORMAT, "is not a SentencePiece model");

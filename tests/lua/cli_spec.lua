@@ -426,6 +426,31 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
       assert.truthy(err:sub(-#msg - 8) == "nibble: " .. msg, err)
       assert.falsy(err:find("traceback", 1, true), err)
     end
+
+  -- hostile files (issue 22): ids past what a tokenizer.json declares, and a layer count whose cast to
+  -- an integer would be undefined behaviour, refused before anything big is allocated
+  it("tokenize: a 66-byte tokenizer.json with id 333333330 is one line, exit 1", function()
+    local d = tmp .. "/bigid"
+    os.execute("mkdir -p " .. nbspec.quote(d))
+    local big = '{"model":{"type":"BPE","vocab":{"a":0,"b":333333330},"merges":[]}}'
+    assert.are.equal(66, #big)
+    nbspec.write(d .. "/tokenizer.json", big)
+    refused({ "tokenize", "--model", d, "--text", "a" }, "nibble tokenize: NB_ERR_FORMAT: " .. d .. "/tokenizer.json: "
+      .. 'vocab entry "b" has id 333333330, but the file declares only 2 tokens (vocab entries + added_tokens)\n')
+  end)
+
+  it("eval: num_hidden_layers 1e36 in config.json is one line, exit 1", function()
+    if not nbspec.need(H) then return end
+    local d = tmp .. "/layers"
+    os.execute("mkdir -p " .. nbspec.quote(d))
+    local cfg = nbspec.read(H .. "/config.json")
+    local bad, n = cfg:gsub('"num_hidden_layers": 5', '"num_hidden_layers": 1e36')
+    assert.are.equal(1, n)
+    nbspec.write(d .. "/config.json", bad)
+    nbspec.write(d .. "/tokenizer.json", nbspec.read(H .. "/tokenizer.json"))
+    os.execute("ln -s " .. nbspec.quote(H .. "/model.safetensors") .. " " .. nbspec.quote(d .. "/model.safetensors"))
+    refused({ "eval", "--model", d, "--data", "tests/data/stories.txt" }, "nibble eval: NB_ERR_FORMAT: " .. d
+      .. "/config.json: field 'num_hidden_layers' is 1e+36, outside [-2147483648, 2147483647]\n")
   end)
 
   it("plot, tokenize, eval and plan: a folder or a missing file is one line naming the path once", function()

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "nibble/safetensors.h"
+#include "io/json_int.h"
 #include "io/safetensors_internal.h"
 
 enum { ST_MAX_HEADER = 100000000 };
@@ -59,14 +60,8 @@ static int is_regular_file(const char *path) {
     return stat(path, &s) == 0 && S_ISREG(s.st_mode);
 }
 
-/* A JSON number that is an exact non-negative integer (serde's usize). */
-static int json_uint(const cJSON *j, int64_t *out) {
-    if (!cJSON_IsNumber(j)) return 0;
-    double d = j->valuedouble;
-    if (!(d >= 0 && d <= ST_MAX_INT) || (double)(int64_t)d != d) return 0;
-    *out = (int64_t)d;
-    return 1;
-}
+/* A JSON number that is an exact non-negative integer (serde's usize), at most 2^53. */
+static int json_uint(const cJSON *j, int64_t *out) { return nb_json_int(j, 0, (int64_t)ST_MAX_INT, out); }
 
 /* JSON forbids raw bytes < 0x20 inside strings (serde rejects them); cJSON lets them through, and
  * a raw NUL would silently cut a name short. Returns the offending offset, or -1. */

@@ -4,6 +4,7 @@
  * rotate-half layout here, so one forward serves both. Every disagreement between config and
  * weights is an error that names the field or tensor. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "nibble/gguf.h"
 #include "nibble/qmodel.h"
 #include "nibble/safetensors.h"
+#include "io/json_int.h"
 #include "model/internal.h"
 
 /* ---- a tensor source: HF safetensors or GGUF, addressed by HF name -------------------------- */
@@ -213,11 +215,25 @@ static int64_t jint(cfgr *c, const cJSON *o, const char *k, int required, int64_
         if (required && !c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: missing required field '%s'", c->path, k);
         return dflt;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble) {
+    int64_t x;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) {
         if (!c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' must be an integer", c->path, k);
         return dflt;
     }
-    return (int64_t)v->valuedouble;
+    /* sizes and counts: anything past 2^31 is no model nibble can hold, and keeps products of two in int64 */
+    if (!nb_json_int(v, INT32_MIN, INT32_MAX, &x)) {
+        if (!c->err)
+            c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' is %g, outside [%d, %d]", c->path, k, v->valuedouble,
+                             INT32_MIN, INT32_MAX);
+        return dflt;
+    }
+    return x;
+}
+
+/* A token id: an integer in [0, 2^31), or -1 (none) when it is anything else. */
+static int32_t jtoken(const cJSON *v) {
+    int64_t x;
+    return nb_json_int(v, 0, INT32_MAX, &x) ? (int32_t)x : -1;
 }
 
 static double jnum(cfgr *c, const cJSON *o, const char *k, double dflt) {
@@ -406,15 +422,15 @@ static nb_status parse_hf_config(nb_ctx *ctx, const char *path, const char *text
         cfg->sliding_window = n_sliding ? sw : 0;
     }
     const cJSON *bos = jget(o, "bos_token_id");
-    cfg->bos_token_id = bos && cJSON_IsNumber(bos) ? (int32_t)bos->valuedouble : -1;
+    cfg->bos_token_id = bos ? jtoken(bos) : -1;
     const cJSON *eos = jget(o, "eos_token_id");
     cfg->n_eos = 0;
     if (eos && cJSON_IsNumber(eos)) {
-        cfg->eos_token_ids[cfg->n_eos++] = (int32_t)eos->valuedouble;
+        if (jtoken(eos) >= 0) cfg->eos_token_ids[cfg->n_eos++] = jtoken(eos);
     } else if (eos && cJSON_IsArray(eos)) {
         const cJSON *e;
-        cJSON_ArrayForEach(e, eos) if (cJSON_IsNumber(e) && cfg->n_eos < NB_MODEL_MAX_EOS) cfg->eos_token_ids[cfg->n_eos++] =
-            (int32_t)e->valuedouble;
+        cJSON_ArrayForEach(e, eos) if (jtoken(e) >= 0 && cfg->n_eos < NB_MODEL_MAX_EOS) cfg->eos_token_ids[cfg->n_eos++] =
+            jtoken(e);
     }
     const cJSON *tie = jget(o, "tie_word_embeddings");
     *tie_known = tie ? (cJSON_IsTrue(tie) ? 1 : 0) : -1;
@@ -425,6 +441,29 @@ done:
 }
 
 /* ---- building a loaded model ---------------------------------------------------------------- */
+
+/* Sizes come from the config before any tensor is read, so they are held to the weights file before
+ * anything is allocated: the big matrices alone (embedding, and per layer q, k, v, o, gate, up, down)
+ * hold at most 8 elements per byte of tensor data, since no stored type is narrower than 1 bit. */
+static nb_status check_size(nb_ctx *ctx, const nb_model_config *c, int64_t data_bytes, const char *cfg_name,
+                            const char *path) {
+    nb_status s = nb_model_validate_config(ctx, c);
+    if (s) return s;
+    int64_t D = c->hidden_size, qd, kvd, att, mlp, per, n, emb, cap;
+    int ovf = __builtin_mul_overflow(c->n_heads, c->head_dim, &qd) || __builtin_mul_overflow(c->n_kv_heads, c->head_dim, &kvd) ||
+              __builtin_add_overflow(qd, kvd, &att) || __builtin_mul_overflow(att, D, &att) ||
+              __builtin_mul_overflow(att, 2, &att) || __builtin_mul_overflow(c->intermediate_size, D, &mlp) ||
+              __builtin_mul_overflow(mlp, 3, &mlp) || __builtin_add_overflow(att, mlp, &per) ||
+              __builtin_mul_overflow(per, c->n_layers, &n) || __builtin_mul_overflow(c->vocab_size, D, &emb) ||
+              __builtin_add_overflow(n, emb, &n);
+    if (__builtin_mul_overflow(data_bytes, 8, &cap)) cap = INT64_MAX;
+    if (ovf)
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s: %s describes a model whose weight count overflows 64 bits", path, cfg_name);
+    if (n > cap)
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s: %s describes a model of %lld weights, more than the %lld bytes of tensor data "
+                       "can hold", path, cfg_name, (long long)n, (long long)data_bytes);
+    return NB_OK;
+}
 
 static nb_status new_shell(nb_ctx *ctx, const nb_model_config *cfg, int format, const char *path, nb_model **out) {
     nb_status s = nb_model_new(ctx, cfg, out);
@@ -463,6 +502,9 @@ static nb_status load_hf(nb_ctx *ctx, const char *dir, nb_model **out) {
                        dir);
     }
     cfg.tied = !has_lm || tie == 1;
+    int64_t bytes = 0;
+    for (int64_t i = 0; i < nb_st_count(st); i++) bytes += nb_st_entry_at(st, i)->end - nb_st_entry_at(st, i)->begin;
+    if ((s = check_size(ctx, &cfg, bytes, "config.json", dir))) { nb_st_close(st); return s; }
     nb_model *m = NULL;
     if ((s = new_shell(ctx, &cfg, NB_MODEL_HF, dir, &m))) { nb_st_close(st); return s; }
     src_t S = {0, dir, st, NULL, 0, NULL, nb_st_count(st)};
@@ -590,6 +632,8 @@ static nb_status load_gguf(nb_ctx *ctx, const char *path, nb_model **out) {
     char arch[64] = "";
     int64_t rf = -1;
     if ((s = gguf_config(ctx, g, path, &cfg, arch, &rf))) goto fail;
+    int64_t data_bytes = nb_gguf_file_size(g) - nb_gguf_data_offset(g);   /* < 0: aligned past a file with no data */
+    if ((s = check_size(ctx, &cfg, data_bytes > 0 ? data_bytes : 0, "the GGUF metadata", path))) goto fail;
     if ((s = new_shell(ctx, &cfg, NB_MODEL_GGUF, path, &m))) goto fail;
     S.used = calloc((size_t)(S.n_file ? S.n_file : 1), 1);
     if (!S.used) { s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); goto fail; }

@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "io/json_int.h"
 #include "tokenizer/tok_internal.h"
 
 static const char META[] = "\xe2\x96\x81";   /* ▁ U+2581, SentencePiece's space */
@@ -191,6 +192,12 @@ static void parse_decoder(nb_tokenizer *t, const cJSON *d) {
     }
 }
 
+/* A token id from JSON: an integer in [0, 2^31), else -1 (none). */
+static int32_t json_id(const cJSON *v) {
+    int64_t x;
+    return nb_json_int(v, 0, INT32_MAX, &x) ? (int32_t)x : -1;
+}
+
 typedef struct tmpl_info { int n_pre, n_post; int32_t pre_id, post_id; } tmpl_info;
 
 static int32_t template_token_id(nb_tokenizer *t, const cJSON *pp, const char *name) {
@@ -198,7 +205,7 @@ static int32_t template_token_id(nb_tokenizer *t, const cJSON *pp, const char *n
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(st, name);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(e, "ids");
     if (cJSON_IsArray(ids) && cJSON_GetArraySize(ids) == 1 && cJSON_IsNumber(cJSON_GetArrayItem(ids, 0)))
-        return (int32_t)cJSON_GetArrayItem(ids, 0)->valuedouble;
+        return json_id(cJSON_GetArrayItem(ids, 0));
     return tok_lookup(t, name, strlen(name));
 }
 
@@ -232,11 +239,11 @@ static nb_status parse_post(nb_tokenizer *t, const char *path, const cJSON *pp, 
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(pp, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(pp, "sep");
         if (cJSON_IsArray(cls) && cJSON_IsNumber(cJSON_GetArrayItem(cls, 1))) {
             ti->n_pre++;
-            ti->pre_id = (int32_t)cJSON_GetArrayItem(cls, 1)->valuedouble;
+            ti->pre_id = json_id(cJSON_GetArrayItem(cls, 1));
         }
         if (cJSON_IsArray(sep) && cJSON_IsNumber(cJSON_GetArrayItem(sep, 1))) {
             ti->n_post++;
-            ti->post_id = (int32_t)cJSON_GetArrayItem(sep, 1)->valuedouble;
+            ti->post_id = json_id(cJSON_GetArrayItem(sep, 1));
         }
     }
     return NB_OK;
@@ -252,7 +259,7 @@ static int32_t config_token(nb_tokenizer *t, const cJSON *cfg, const char *key) 
 static int32_t config_id(const cJSON *cfg, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
     if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
-    return cJSON_IsNumber(v) ? (int32_t)v->valuedouble : -1;
+    return json_id(v);
 }
 
 /* The chat template, as transformers finds it: chat_template.jinja beside the tokenizer, else
@@ -302,21 +309,36 @@ static nb_status load_model(nb_tokenizer *t, const char *path, const cJSON *root
     t->byte_fallback = jbool(model, "byte_fallback", 0);
     t->ignore_merges = jbool(model, "ignore_merges", 0);
 
-    nb_status s = tok_reserve(t, cJSON_GetArraySize(vocab));
-    if (s != NB_OK) return s;
+    /* ids index the token table, so they are bounded by what the file declares (vocab entries plus
+     * added tokens; real files number them densely from 0) before the table is allocated */
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    int64_t n_decl = (int64_t)cJSON_GetArraySize(vocab) + (cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0);
     const cJSON *it;
     cJSON_ArrayForEach(it, vocab) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 2e9)
+        int64_t id;
+        if (!nb_json_int(it, 0, INT32_MAX, &id))
             return nb_fail(ctx, NB_ERR_FORMAT, "%s: vocab entry \"%s\" has no valid id", path, it->string);
+        if (id >= n_decl)
+            return nb_fail(ctx, NB_ERR_FORMAT, "%s: vocab entry \"%s\" has id %lld, but the file declares only %lld tokens "
+                           "(vocab entries + added_tokens)", path, it->string, (long long)id, (long long)n_decl);
+    }
+    cJSON_ArrayForEach(it, added) {
+        int64_t id;
+        if (!nb_json_int(cJSON_GetObjectItemCaseSensitive(it, "id"), 0, INT32_MAX, &id) || !jstr(it, "content"))
+            return nb_fail(ctx, NB_ERR_FORMAT, "%s: an added_tokens entry lacks id or content", path);
+        if (id >= n_decl)
+            return nb_fail(ctx, NB_ERR_FORMAT, "%s: added token \"%s\" has id %lld, but the file declares only %lld tokens "
+                           "(vocab entries + added_tokens)", path, jstr(it, "content"), (long long)id, (long long)n_decl);
+    }
+    nb_status s = tok_reserve(t, (int32_t)n_decl);
+    if (s != NB_OK) return s;
+    cJSON_ArrayForEach(it, vocab) {
         s = tok_set(t, (int32_t)it->valuedouble, it->string, strlen(it->string), 0.0f, NB_TOKEN_NORMAL);
         if (s != NB_OK) return s;
     }
-    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(root, "added_tokens")) {
-        const cJSON *idv = cJSON_GetObjectItemCaseSensitive(it, "id");
+    cJSON_ArrayForEach(it, added) {
         const char *content = jstr(it, "content");
-        if (!cJSON_IsNumber(idv) || !content || idv->valuedouble < 0)
-            return nb_fail(ctx, NB_ERR_FORMAT, "%s: an added_tokens entry lacks id or content", path);
-        int32_t id = (int32_t)idv->valuedouble;
+        int32_t id = (int32_t)cJSON_GetObjectItemCaseSensitive(it, "id")->valuedouble;
         int special = jbool(it, "special", 0);
         s = tok_set(t, id, content, strlen(content), 0.0f, special ? NB_TOKEN_CONTROL : NB_TOKEN_USER_DEFINED);
         if (s != NB_OK) return s;
