@@ -426,8 +426,9 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
       assert.truthy(err:sub(-#msg - 8) == "nibble: " .. msg, err)
       assert.falsy(err:find("traceback", 1, true), err)
     end
+  end)
 
-  -- hostile files (issue 22): ids past what a tokenizer.json declares, and a layer count whose cast to
+  -- hostile files: ids past what a tokenizer.json declares, and a layer count whose cast to
   -- an integer would be undefined behaviour, refused before anything big is allocated
   it("tokenize: a 66-byte tokenizer.json with id 333333330 is one line, exit 1", function()
     local d = tmp .. "/bigid"
