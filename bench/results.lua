@@ -200,14 +200,8 @@ function M.machine(threads)
   for _, f in ipairs(FEATURES) do if have[f] then feats[#feats + 1] = f end end
   local cores = tonumber(sh("nproc")) or 0
   local blas, core = "unknown", os.getenv("OPENBLAS_CORETYPE") or "unknown"
-  local ok, ffi = pcall(require, "ffi")
-  if ok then
-    pcall(ffi.cdef, "char *openblas_get_config(void); char *openblas_get_corename(void);")
-    local okc, cfg = pcall(function() return ffi.string(ffi.C.openblas_get_config()) end)
-    if okc then blas = cfg end
-    local okn, name = pcall(function() return ffi.string(ffi.C.openblas_get_corename()) end)
-    if okn then core = name end
-  end
+  local okb, b = pcall(function() return require("nibble").blas() end)   -- as libnibble loaded it
+  if okb and type(b) == "table" then blas, core = b.library or blas, b.core or core end
   return {
     cpu = ("%s, %d CPUs"):format(cpu:gsub("%s+", " "), cores),
     features = #feats > 0 and table.concat(feats, " ") or "none of " .. table.concat(FEATURES, " "),

@@ -82,7 +82,10 @@ rec = {
     "commit": sh("git rev-parse HEAD"),
     "date": start,
     "machine": {"cpu": "%s, %s CPUs" % (cpu, ncpu), "compiler": sh("clang --version | head -1"),
-                "jobs": os.environ.get("FUZZ_JOBS", ncpu)},
+                "features": " ".join(f for f in sh("sed -n 's/^flags[^:]*: //p' /proc/cpuinfo | head -1").split()
+                                     if f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile")),
+                "threads": int(os.environ.get("FUZZ_JOBS", ncpu or "1")),
+                "blas": "not used (parsers only)", "blas_core": "-"},
     "tables": [{
         "caption": "per target: %s s of fuzzing after replaying the committed corpus, reproducers and seeds; "
                    "cov = covered edges, ft = libFuzzer features, at the end of the run" % secs,
