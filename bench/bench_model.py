@@ -111,7 +111,7 @@ def compare(a):
                   f" | {nc:13.1f} {tc:9.1f} {nc / tc:6.2f}")
             table.append([name, f"{batch}x{seq}", kind, n, t, round(n / t, 2), nr, round(nr / t, 2), nc, tc,
                           round(nc / tc, 2)])
-    isa = " (both sides held to AVX2)" if a.isa else ""
+    isa, isa_note = results_json.ISA_MODES[a.isa]
     results_json.write("model" + (f"-{a.isa}" if a.isa else ""), f"Model runtime vs PyTorch on the CPU{isa}",
                        first or {}, a.threads,
                        [{"caption": f"tokens/s, {a.threads} threads, best of {a.repeat}; ratio = nibble / PyTorch",
@@ -119,9 +119,7 @@ def compare(a):
                                      "nibble recompute tok/s", "ratio", "nibble tok/CPU-s", "PyTorch tok/CPU-s",
                                      "ratio"], "rows": table}],
                        [f"{load}", "fwd = all logits; train = forward + cross-entropy + backward (no optimizer)",
-                        "environment: " + ("OPENBLAS_CORETYPE=Haswell for nibble; MKL_ENABLE_INSTRUCTIONS=AVX2, "
-                                           "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 for PyTorch" if a.isa
-                                           else "as given, without OPENBLAS_CORETYPE (nibble picks its kernels)")])
+                        "environment: " + isa_note])
 
 
 def main():
@@ -134,7 +132,9 @@ def main():
     c.add_argument("--work", default="/tmp/nibble-bench-model")
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--repeat", type=int, default=3)
-    c.add_argument("--isa", choices=["avx2"], help="hold both sides to AVX2 (measures an older CPU's path)")
+    c.add_argument("--isa", choices=["avx2", "prescott-pick"],
+                   help="avx2: hold both sides to AVX2 (an older CPU's path); "
+                        "prescott-pick: OpenBLAS as it loads on family 6 model 207")
     r = sub.add_parser("make-random")
     r.add_argument("dir")
     r.add_argument("--dim", type=int, default=512)

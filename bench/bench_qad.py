@@ -166,7 +166,7 @@ def compare(a):
         print(load)
     except OSError:
         pass
-    isa = " (both sides held to AVX2)" if a.isa else ""
+    isa, isa_note = results_json.ISA_MODES[a.isa]
     results_json.write("qad" + (f"-{a.isa}" if a.isa else ""), f"QAD step vs PyTorch on the CPU{isa}", first or {},
                        a.threads,
                        [{"caption": f"QAD step (teacher fwd + NVFP4 W4A16 fake-quant student fwd/bwd + KL + clip + "
@@ -175,9 +175,7 @@ def compare(a):
                                      "quantized linears nibble", "PyTorch"],
                          "rows": [[name, f"{b}x{t}", n, p, round(r, 2), round(rc, 2), qn, qp]
                                   for name, b, t, n, p, r, rc, qn, qp in rows]}],
-                       [load, "environment: " + ("OPENBLAS_CORETYPE=Haswell for nibble; MKL_ENABLE_INSTRUCTIONS=AVX2, "
-                                                 "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 for PyTorch" if a.isa
-                                                 else "as given, without OPENBLAS_CORETYPE (nibble picks its kernels)")])
+                       [load, "environment: " + isa_note])
 
 
 def main():
@@ -195,7 +193,9 @@ def main():
     c.add_argument("--repeat", type=int, default=2)
     c.add_argument("--work", default="/tmp/nibble-bench-model")
     c.add_argument("--stories", default="../shared/data/stories260K/hf")
-    c.add_argument("--isa", choices=["avx2"], help="hold both sides to AVX2 (measures an older CPU's path)")
+    c.add_argument("--isa", choices=["avx2", "prescott-pick"],
+                   help="avx2: hold both sides to AVX2 (an older CPU's path); "
+                        "prescott-pick: OpenBLAS as it loads on family 6 model 207")
     c.add_argument("--smollm", default=os.path.expanduser("~/.cache/nibble/SmolLM2-135M-Instruct.Q4_1.gguf"))
     a = ap.parse_args()
     bench(a) if a.cmd == "run" else compare(a)

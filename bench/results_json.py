@@ -31,7 +31,19 @@ def bench_env(isa):
     if isa == "avx2":
         env.update(OPENBLAS_CORETYPE="Haswell", MKL_ENABLE_INSTRUCTIONS="AVX2", ATEN_CPU_CAPABILITY="avx2",
                    ONEDNN_MAX_CPU_ISA="AVX2", DNNL_MAX_CPU_ISA="AVX2")
+    elif isa == "prescott-pick":
+        env.update(NIBBLE_BLAS_PRETEND_CORE="Prescott")
     return env
+
+
+# The --isa modes of the Python bench drivers: (title suffix, environment note).
+ISA_MODES = {
+    None: ("", "as given, without OPENBLAS_CORETYPE (nibble picks its kernels)"),
+    "avx2": (" (both sides held to AVX2)", "OPENBLAS_CORETYPE=Haswell for nibble; MKL_ENABLE_INSTRUCTIONS=AVX2, "
+             "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 for PyTorch"),
+    "prescott-pick": (" (OpenBLAS loaded as if it had picked Prescott, as 0.3.21 does on family 6 model 207)",
+                      "NIBBLE_BLAS_PRETEND_CORE=Prescott for nibble: libnibble must switch to the CPU's kernels"),
+}
 
 
 def write(bench, title, nibble_json, threads, tables, notes):
