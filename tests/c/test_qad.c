@@ -332,12 +332,18 @@ static void test_accumulation(nb_ctx *ctx) {
 
 /* ---- training: loss goes down, scales frozen, recalibrate, metrics ------------------------------------ */
 
+/* 8 chunks of held-out tokens, and eval options that score them as they are */
+static void held_out(int32_t *toks, nb_eval_opts *eo) {
+    for (int i = 0; i < 8 * SEQ; i++) toks[i] = (i * 37 + 11) % 96;
+    *eo = (nb_eval_opts){0};
+    eo->n_ctx = SEQ;
+    eo->bos = -2;
+}
+
 static double held_out_kld(nb_ctx *ctx, session *S) {
     int32_t toks[8 * SEQ];
-    for (int i = 0; i < 8 * SEQ; i++) toks[i] = (i * 37 + 11) % 96;
-    nb_eval_opts eo = {0};
-    eo.n_ctx = SEQ;
-    eo.bos = -2;
+    nb_eval_opts eo;
+    held_out(toks, &eo);
     nb_eval_result r;
     CHECK_OK(ctx, nb_model_eval(ctx, S->sm, S->teacher, toks, 8 * SEQ, &eo, &r));
     return r.kld_mean;
@@ -355,10 +361,8 @@ static nb_status on_chunks(nb_ctx *ctx, void *user, int64_t done, int64_t total)
 
 static void test_eval_progress(nb_ctx *ctx, session *S) {
     int32_t toks[8 * SEQ];
-    for (int i = 0; i < 8 * SEQ; i++) toks[i] = (i * 37 + 11) % 96;
-    nb_eval_opts eo = {0};
-    eo.n_ctx = SEQ;
-    eo.bos = -2;
+    nb_eval_opts eo;
+    held_out(toks, &eo);
     eo.batch = 3;
     nb_eval_result plain, r;
     CHECK_OK(ctx, nb_model_eval(ctx, S->sm, S->teacher, toks, 8 * SEQ, &eo, &plain));
