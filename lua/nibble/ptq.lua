@@ -302,7 +302,7 @@ function M.meter(label, opts)
     local line = ("%s: %d/%d%s  %sETA %s"):format(label, done, total, unit,
       detail and detail ~= "" and (detail .. "  ") or "", hms(eta))
     if tty then
-      io.stderr:write("\r" .. line .. "   ")
+      io.stderr:write("\r" .. line .. "\27[K")   -- erase what a longer line before left
       open = not fin
       if fin then io.stderr:write("\n") end
     else
