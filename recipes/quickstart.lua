@@ -6,12 +6,16 @@
 --       [algorithm=max|mse|four_over_six] [steps=40] [lr=1e-4] [min_lr=0] [warmup=min(2, steps)] [grad_accum=1]
 --       [lr_scale_unquantized=1] [batch=4] [seq_len=256] [prompts=12] [samples=8] [eval_samples=4] [tokens=96]
 --       [seed=1] [layout=modelopt|compressed-tensors] [checkpoint_every=N] [resume=true] [overwrite=true]
---       [allow_long=true] [cache=DIR] [dry_run=true]
+--       [allow_long=true] [cache=DIR] [dry_run=true] [quick=true]
+-- quick=true: the same pipeline and table on less (4 prompts x 4 samples of 48 tokens, 3 held-out prompts x 4,
+-- 6 QAD steps of 2 x 128 tokens), a first look in about 3 minutes on 2 cores; any key given still wins.
 -- Unknown keys and impossible settings are errors before the model is loaded; --help prints this.
 -- Data: no download. The distillation and eval text is sampled from the teacher itself (its answers to
 -- a fixed list of prompts, temperature 1, top-k 50; the eval prompts are held out), as QAD is robust
 -- to its data; the samples are cached (cache=, default ~/.cache/nibble) so a second run skips that.
--- The run takes about ten minutes on 2 cores; Ctrl-C saves a checkpoint (in out-checkpoints) and resume=true
+-- Every step longer than a few seconds shows its progress and ETA on stderr, and each eval row is printed as
+-- soon as it is known. The run takes 10-15 minutes on 2 cores and peaks near 4.5 GB (quick=true: about 1.5 min,
+-- 3.6 GB). Ctrl-C saves a checkpoint (in out-checkpoints, 1.6 GB: F32 weights and AdamW moments) and resume=true
 -- continues it; a new run over those checkpoints needs overwrite=true.
 local nibble = nibble or require("nibble")
 local qad, ptq, recipe, cli = nibble.qad, nibble.ptq, nibble.recipe, require("nibble.cli")
@@ -60,8 +64,14 @@ return cli.program(function()
   local a = recipe.args(arg, "quickstart", {
     "model", "out", "format", "algorithm", "steps", "lr", "min_lr", "warmup", "grad_accum", "lr_scale_unquantized",
     "batch", "seq_len", "prompts", "samples", "eval_samples", "tokens", "seed", "layout", "checkpoint_every",
-    "resume", "overwrite", "allow_long", "cache", "dry_run" })
+    "resume", "overwrite", "allow_long", "cache", "dry_run", "quick" })
   if not a then return end   -- --help
+  -- quick=true changes only the defaults: the sizes below, never the pipeline
+  local quick = a.bool("quick", false)
+  local dflt = quick and { steps = 6, batch = 2, seq_len = 128, prompts = 4, samples = 4, eval_samples = 4, tokens = 48,
+                           eval_prompts = 3 }
+               or { steps = 40, batch = 4, seq_len = 256, prompts = 12, samples = 8, eval_samples = 4, tokens = 96,
+                    eval_prompts = #eval_prompts }
   local function count(k, d, min)
     local x = a.num(k, d)
     if x % 1 ~= 0 or x < (min or 1) then
@@ -73,14 +83,17 @@ return cli.program(function()
   local format = recipe.check_preset(a.str("format", "nvfp4_w4a16"), "quickstart")
   local layout = a.str("layout", "modelopt")
   recipe.validate { algorithm = a.str("algorithm"), export = { layout = layout } }
-  local steps, lr, seed = a.num("steps", 40), a.num("lr", 1e-4), a.num("seed", 1)
-  local batch, seq_len = a.num("batch", 4), a.num("seq_len", 256)
+  local steps, lr, seed = a.num("steps", dflt.steps), a.num("lr", 1e-4), a.num("seed", 1)
+  local batch, seq_len = a.num("batch", dflt.batch), a.num("seq_len", dflt.seq_len)
   local config = { steps = steps, lr = lr, min_lr = a.num("min_lr", 0), warmup = a.num("warmup", math.min(2, steps)),
                    grad_accum = a.num("grad_accum", 1), clip = 1.0, batch = batch, seq_len = seq_len,
                    lr_scale_unquantized = a.num("lr_scale_unquantized", 1) }
   local cfg = qad.config(config)   -- the training settings, checked
-  local n_prompts = math.min(count("prompts", 12), #train_prompts)
-  local samples, new_tokens, n_eval_samples = count("samples", 8), count("tokens", 96), count("eval_samples", 4)
+  local n_prompts = math.min(count("prompts", dflt.prompts), #train_prompts)
+  local samples, new_tokens = count("samples", dflt.samples), count("tokens", dflt.tokens)
+  local n_eval_samples = count("eval_samples", dflt.eval_samples)
+  local eval_list = {}
+  for i = 1, dflt.eval_prompts do eval_list[i] = eval_prompts[i] end
   local every_ck = count("checkpoint_every", 0, 0)
   local resume, overwrite = a.bool("resume", false), a.bool("overwrite", false)
   local allow_long, dry_run = a.bool("allow_long", false), a.bool("dry_run", false)
@@ -108,7 +121,7 @@ return cli.program(function()
   -- called), these prompts and these sampling settings
   local model_id = qad.model_identity(path) or "?"
   local key = ("%s-%s-p%d-s%d-t%d-seed%d-k50"):format(path:gsub("/+$", ""):match("([^/]*)$"):gsub("[^%w%.%-]", "_"),
-    qad.hash(model_id .. "\n" .. table.concat(train_prompts, "\n") .. "\n" .. table.concat(eval_prompts, "\n")):sub(1, 12),
+    qad.hash(model_id .. "\n" .. table.concat(train_prompts, "\n") .. "\n" .. table.concat(eval_list, "\n")):sub(1, 12),
     n_prompts, samples, new_tokens, seed)
   local function sample_file(which, n) return ("%s/quickstart-%s%d-%s.jsonl"):format(cache, which, n, key) end
   local train_file = sample_file("train", samples)
@@ -140,7 +153,6 @@ return cli.program(function()
   local train_list = {}
   for i = 1, n_prompts do train_list[i] = train_prompts[i] end
   os.execute("mkdir -p '" .. cache:gsub("'", "'\\''") .. "'")
-  local tty = qad.isatty(2)
   local function sampled(which, prompts, s, n_samples)
     local file = sample_file(which, n_samples)
     local fh = io.open(file, "rb")
@@ -150,24 +162,24 @@ return cli.program(function()
       return file
     end
     local t1 = ptq.now()
-    local _, n = qad.teacher_samples { model = teacher, tokenizer = tok, prompts = prompts, samples = n_samples,
-      tokens = new_tokens, temperature = 1.0, top_k = 50, seed = s, out = file,
-      progress = function(i, total, gen)
-        local dt = ptq.now() - t1
-        local line = ("data: sampling %s text from the teacher: prompt %d/%d, %d tokens, %.0f tok/s"):format(
-          which, i, total, gen, gen / math.max(dt, 1e-9))
-        if tty then
-          io.stderr:write("\r" .. line .. "   ")
-          if i == total then io.stderr:write("\n") end
-        elseif i == total or i % 4 == 0 then
-          io.stderr:write(line .. "\n")
-        end
-      end }
+    say("data: sampling %s text from the teacher: %d prompts x %d answers of up to %d tokens", which, #prompts,
+        n_samples, new_tokens)
+    local update, finish = ptq.meter("data: sampling " .. which, { unit = "prompts" })
+    update(0, #prompts)
+    local ok, n = pcall(function()
+      return select(2, qad.teacher_samples { model = teacher, tokenizer = tok, prompts = prompts, samples = n_samples,
+        tokens = new_tokens, temperature = 1.0, top_k = 50, seed = s, out = file,
+        progress = function(i, total, gen)
+          update(i, total, ("%d tokens, %.0f tok/s"):format(gen, gen / math.max(ptq.now() - t1, 1e-9)))
+        end })
+    end)
+    finish()
+    if not ok then error(n, 0) end
     say("data: %d %s tokens sampled in %.0f s -> %s", n, which, ptq.now() - t1, file)
     return file
   end
   sampled("train", train_list, seed, samples)
-  local eval_file = sampled("eval", eval_prompts, seed + 7919, n_eval_samples)
+  local eval_file = sampled("eval", eval_list, seed + 7919, n_eval_samples)
 
   -- [2] PTQ through the normal pipeline (no export yet)
   local p = ptq.run(r, nil, { model = student, no_export = true })
@@ -182,7 +194,17 @@ return cli.program(function()
   local eval_ids = nibble.zeros("i32", n_eval)
   require("ffi").copy(eval_ids:data(), nibble.C.nb_dataset_ids(eds._p), 4 * n_eval)
   local ectx = math.min(256, 2 ^ math.floor(math.log(n_eval) / math.log(2)))
-  local eopts = { ctx = ectx }
+  -- an eval with its progress line, and its row printed as soon as it is known
+  local function eval_row(name, model, ref)
+    local t1 = ptq.now()
+    local update, finish = ptq.meter("eval: " .. name, { unit = "chunks" })
+    local ok, e = pcall(qad.evaluate, model, eval_ids, ref, { ctx = ectx, progress = update })
+    finish()
+    if not ok then error(e, 0) end
+    say("eval: %-7s PPL %.4f%s (%.0f s)", name, e.ppl, ref and ("  KLD %.5f  top-1 %.2f%%"):format(e.kld, e.top1) or "",
+        ptq.now() - t1)
+    return e
+  end
   say("data: %d training tokens (%d masked in: the answers), %d rows of %d per epoch; eval %d tokens in chunks of %d",
       ds:n_tokens(), ds:n_masked(), loader.rows_per_epoch, loader.seq_len, n_eval, ectx)
 
@@ -195,10 +217,9 @@ return cli.program(function()
   end
   local before_save = qad.start_checkpoints(ckdir, settings, latest, resumed, say)
   local evals = {}
-  say("eval: teacher and PTQ student on the held-out answers ...")
-  evals.teacher = qad.evaluate(teacher, eval_ids, nil, eopts)
+  evals.teacher = eval_row("teacher", teacher, nil)
   local mpath = out .. "-metrics.jsonl"
-  if not resumed then evals.ptq = qad.evaluate(student, eval_ids, teacher, eopts)
+  if not resumed then evals.ptq = eval_row("PTQ", student, teacher)
   else
     evals.ptq = qad.step0_eval(mpath)   -- the PTQ row the first run recorded
     qad.cut_metrics(mpath, run:step_count(), steps)
@@ -212,12 +233,15 @@ return cli.program(function()
   qad.train(run, { record = record, checkpoint_dir = ckdir, checkpoint_every = every_ck,
                    checkpoint_final = every_ck > 0 or resumed, before_save = before_save,
                    on_error = function() if mf then mf:close() end end })
-  evals.qad = qad.evaluate(student, eval_ids, teacher, eopts)
+  evals.qad = eval_row("QAD", student, teacher)
   record { step = run:step_count(), eval_ppl = evals.qad.ppl, eval_kld = evals.qad.kld, eval_top1 = evals.qad.top1 }
   if mf then mf:close() end
 
   -- [5] export (the scales the student trained with) and the table
+  local t_exp = ptq.now()
+  say("export: writing %s (%s layout) ...", out, layout)
   qm:export(out, { layout = layout })
+  say("export: %s written in %.0f s", out, ptq.now() - t_exp)
   local rows = { { name = "teacher", ppl = evals.teacher.ppl } }
   if evals.ptq then rows[#rows + 1] = { name = "PTQ", ppl = evals.ptq.ppl, kld = evals.ptq.kld, top1 = evals.ptq.top1 } end
   rows[#rows + 1] = { name = "QAD", ppl = evals.qad.ppl, kld = evals.qad.kld, top1 = evals.qad.top1 }

@@ -515,7 +515,7 @@ function Model:generate(o)
 end
 
 -- eval{data = path or text, tokens = ids/nb_tokens, ctx = 512, chunks = N, batch =, teacher =
--- model or path, bos = id}: perplexity with llama.cpp's llama-perplexity method; with a teacher also
+-- model or path, bos = id, progress = function(done, total)}: perplexity with llama.cpp's llama-perplexity method; with a teacher also
 -- the mean KL(teacher || model) per token and the top-1 agreement in percent.
 -- Returns {ppl, ppl_err, nll, tokens, chunks, kld, top1} (the last two nil without teacher; top1 in %; the
 -- names qad.evaluate and the QAD metrics use).
@@ -536,8 +536,23 @@ function Model:eval(o)
   eo.n_chunks = o.chunks or 0
   eo.batch = o.batch or 0
   eo.bos = o.bos or -1
+  local cb, cb_err
+  if o.progress then
+    -- an error in the callback must not unwind through C: it stops the eval, and is raised below
+    local fn = o.progress
+    cb = ffi.cast("nb_status (*)(nb_ctx *, void *, int64_t, int64_t)", function(c, _, done, total)
+      local ok, e = pcall(fn, tonumber(done), tonumber(total))
+      if ok then return 0 end
+      cb_err = e
+      return C.nb_fail(c, C.NB_ERR_INVALID, "%s", "eval: the progress function failed")
+    end)
+    eo.on_chunks = cb
+  end
   local r = ffi.new("nb_eval_result")
-  check(C.nb_model_eval(nibble.context(), ptr(self), teacher and ptr(teacher) or nil, ids, n, eo, r))
+  local st = C.nb_model_eval(nibble.context(), ptr(self), teacher and ptr(teacher) or nil, ids, n, eo, r)
+  if cb then cb:free() end
+  if cb_err ~= nil then error(cb_err, 0) end
+  check(st)
   local _ = keep
   local res = { ppl = r.ppl, ppl_err = r.ppl_err, nll = r.nll, tokens = tonumber(r.tokens), chunks = tonumber(r.chunks) }
   if teacher then res.kld, res.top1 = r.kld_mean, r.top1_agree end

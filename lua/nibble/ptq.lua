@@ -282,23 +282,56 @@ local function logger(quiet)
 end
 M.logger = logger
 
--- progress_line(quiet): the calibration progress (one line rewritten in place), and end() that ends the
--- line if it is still open, so a message after a failure or Ctrl-C starts on a line of its own.
-local function progress_line(quiet)
-  if quiet then return nil, function() end end
-  local last, open = -1, false
-  return function(done, total, rate, eta)
+local function isatty(fd)
+  local ok, host = pcall(require, "nibble.host")
+  if ok and type(host) == "table" and host.isatty then return host.isatty(fd) end
+  return false
+end
+M.isatty = isatty
+
+-- meter(label, opts): the progress line of every step that takes more than a few seconds (calibration,
+-- teacher sampling, evals, export). update(done, total [, detail]) draws "LABEL: done/total UNIT  DETAIL
+-- ETA m:ss" on stderr, the ETA from the elapsed time per unit done: on a terminal one line rewritten in
+-- place (at most 5 times a second), otherwise a line every opts.every seconds (5) and the last one, so a
+-- log shows that the run is alive without a line per unit. finish() ends a line still open, so a message
+-- after a failure or Ctrl-C starts on a line of its own. opts: unit (""), tty (default: stderr is a
+-- terminal), every, quiet (nothing at all).
+function M.meter(label, opts)
+  opts = opts or {}
+  if opts.quiet then return function() end, function() end end
+  local tty = opts.tty
+  if tty == nil then tty = isatty(2) end
+  local every = tty and 0.2 or (opts.every or 5)
+  local unit = opts.unit and opts.unit ~= "" and (" " .. opts.unit) or ""
+  local t0, last, open = now(), nil, false
+  local function update(done, total, detail)
     local t = now()
-    if done < total and t - last < 0.2 then return end
+    local fin = done >= total
+    if not fin and last and t - last < every then return end
     last = t
-    io.stderr:write(("\rcalibrating: %d/%d samples  %.0f tok/s  ETA %s   "):format(done, total, rate, hms(eta)))
-    open = done < total
-    if not open then io.stderr:write("\n") end
+    local eta = done > 0 and (t - t0) / done * (total - done) or 0 / 0
+    local line = ("%s: %d/%d%s  %sETA %s"):format(label, done, total, unit,
+      detail and detail ~= "" and (detail .. "  ") or "", hms(eta))
+    if tty then
+      io.stderr:write("\r" .. line .. "\27[K")   -- erase what a longer line before left
+      open = not fin
+      if fin then io.stderr:write("\n") end
+    else
+      io.stderr:write(line, "\n")
+    end
     io.stderr:flush()
-  end, function()
+  end
+  return update, function()
     if open then io.stderr:write("\n") end
     open = false
   end
+end
+
+-- progress_line(quiet): the calibration meter, fed by calibrate's function(done, total, tok_s, eta).
+local function progress_line(quiet)
+  if quiet then return nil, function() end end
+  local update, finish = M.meter("calibrating", { unit = "samples" })
+  return function(done, total, rate) update(done, total, ("%.0f tok/s"):format(rate)) end, finish
 end
 
 -- apply(qm, plan): quantizers as the plan says; unquantized linear modules keep their reason.

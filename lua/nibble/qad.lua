@@ -423,11 +423,7 @@ function Q.json_line(t)
   return "{" .. table.concat(parts, ", ") .. "}"
 end
 
-local function isatty(fd)
-  local ok, host = pcall(require, "nibble.host")
-  if ok and type(host) == "table" and host.isatty then return host.isatty(fd) end
-  return false
-end
+local function isatty(fd) return require("nibble.ptq").isatty(fd) end
 Q.isatty = isatty
 
 -- progress(total, opts): a function(m) drawing "qad: step 12/200 [####......] loss ... tok/s ETA" on
@@ -467,10 +463,12 @@ end
 
 -- ---- evaluation -----------------------------------------------------------------------------------------
 
--- evaluate(model, tokens, teacher, opts): {ppl, kld, top1, tokens} with llama.cpp's method (opts ctx, chunks).
+-- evaluate(model, tokens, teacher, opts): {ppl, kld, top1, tokens} with llama.cpp's method (opts ctx, chunks,
+-- progress = function(done, total) after each batch of chunks).
 function Q.evaluate(model, tokens, teacher, opts)
   opts = opts or {}
-  local r = model:eval { tokens = tokens, ctx = opts.ctx or 512, chunks = opts.chunks, teacher = teacher }
+  local r = model:eval { tokens = tokens, ctx = opts.ctx or 512, chunks = opts.chunks, teacher = teacher,
+                         progress = opts.progress }
   return { ppl = r.ppl, kld = r.kld, top1 = r.top1, tokens = r.tokens, chunks = r.chunks }
 end
 

@@ -31,7 +31,7 @@ static void eval_one(nb_ctx *ctx, const char *path, nb_model *teacher, const int
     nb_model *m = NULL;
     CHECK_OK(ctx, nb_model_load(ctx, path, &m));
     if (!m) return;
-    nb_eval_opts o = {512, 100, 0, -1};
+    nb_eval_opts o = {.n_ctx = 512, .n_chunks = 100, .batch = 0, .bos = -1};
     CHECK_OK(ctx, nb_model_eval(ctx, m, teacher, ids, n, &o, r));
     printf("%s: PPL %.4f +/- %.5f over %lld tokens (%lld chunks)", path, r->ppl, r->ppl_err, (long long)r->tokens,
            (long long)r->chunks);
@@ -80,7 +80,7 @@ int main(void) {
     CHECK(r.kld_mean > 0 && r.kld_mean < 0.01);
 
     /* all 767 chunks in one batch-size-3 sweep: the reference says 4.9744 (torch) / 4.9745 (llama.cpp) */
-    nb_eval_opts all = {512, 0, 3, -1};
+    nb_eval_opts all = {.n_ctx = 512, .n_chunks = 0, .batch = 3, .bos = -1};
     CHECK_OK(ctx, nb_model_eval(ctx, t, NULL, ids, n, &all, &r));
     printf("all chunks: PPL %.4f (%lld chunks)\n", r.ppl, (long long)r.chunks);
     CHECK_EQ_INT(r.chunks, 767);
@@ -96,7 +96,7 @@ int main(void) {
     CHECK_NEAR(loss / 511.0, 1.3112137, 2e-6);
 
     /* errors */
-    nb_eval_opts big = {512, 0, 0, -1};
+    nb_eval_opts big = {.n_ctx = 512, .n_chunks = 0, .batch = 0, .bos = -1};
     CHECK_FAIL(ctx, nb_model_eval(ctx, t, NULL, ids, 100, &big, &r), NB_ERR_INVALID, "fewer than one chunk");
 
     /* training sanity: plain SGD on one batch lowers the LM loss */

@@ -332,15 +332,56 @@ static void test_accumulation(nb_ctx *ctx) {
 
 /* ---- training: loss goes down, scales frozen, recalibrate, metrics ------------------------------------ */
 
+/* 8 chunks of held-out tokens, and eval options that score them as they are */
+static void held_out(int32_t *toks, nb_eval_opts *eo) {
+    for (int i = 0; i < 8 * SEQ; i++) toks[i] = (i * 37 + 11) % 96;
+    *eo = (nb_eval_opts){0};
+    eo->n_ctx = SEQ;
+    eo->bos = -2;
+}
+
 static double held_out_kld(nb_ctx *ctx, session *S) {
     int32_t toks[8 * SEQ];
-    for (int i = 0; i < 8 * SEQ; i++) toks[i] = (i * 37 + 11) % 96;
-    nb_eval_opts eo = {0};
-    eo.n_ctx = SEQ;
-    eo.bos = -2;
+    nb_eval_opts eo;
+    held_out(toks, &eo);
     nb_eval_result r;
     CHECK_OK(ctx, nb_model_eval(ctx, S->sm, S->teacher, toks, 8 * SEQ, &eo, &r));
     return r.kld_mean;
+}
+
+/* The eval's progress callback: after each forward batch, with the chunks done and the total; the numbers
+ * are those of an eval without it; a failing callback stops the eval with its status and message. */
+typedef struct { int calls; int64_t done[8], total[8]; int fail_at; } progress_log;
+static nb_status on_chunks(nb_ctx *ctx, void *user, int64_t done, int64_t total) {
+    progress_log *p = user;
+    if (p->calls < 8) p->done[p->calls] = done, p->total[p->calls] = total;
+    if (++p->calls == p->fail_at) return nb_fail(ctx, NB_ERR_INTERRUPTED, "stopped by the progress callback");
+    return NB_OK;
+}
+
+static void test_eval_progress(nb_ctx *ctx, session *S) {
+    int32_t toks[8 * SEQ];
+    nb_eval_opts eo;
+    held_out(toks, &eo);
+    eo.batch = 3;
+    nb_eval_result plain, r;
+    CHECK_OK(ctx, nb_model_eval(ctx, S->sm, S->teacher, toks, 8 * SEQ, &eo, &plain));
+    progress_log p = {0};
+    eo.on_chunks = on_chunks;
+    eo.user = &p;
+    CHECK_OK(ctx, nb_model_eval(ctx, S->sm, S->teacher, toks, 8 * SEQ, &eo, &r));
+    CHECK_EQ_INT(p.calls, 3);   /* 8 chunks in batches of 3: 3, 6, 8 */
+    CHECK_EQ_INT(p.done[0], 3);
+    CHECK_EQ_INT(p.done[1], 6);
+    CHECK_EQ_INT(p.done[2], 8);
+    CHECK_EQ_INT(p.total[0], 8);
+    CHECK_EQ_INT(p.total[2], 8);
+    CHECK(r.nll == plain.nll && r.kld_mean == plain.kld_mean && r.top1_agree == plain.top1_agree);
+    progress_log stop = {.fail_at = 2};
+    eo.user = &stop;
+    CHECK_FAIL(ctx, nb_model_eval(ctx, S->sm, S->teacher, toks, 8 * SEQ, &eo, &r), NB_ERR_INTERRUPTED,
+               "stopped by the progress callback");
+    CHECK_EQ_INT(stop.calls, 2);
 }
 
 static float weight_amax(nb_ctx *ctx, session *S, const char *module) {
@@ -370,6 +411,7 @@ static void test_training(nb_ctx *ctx) {
     float amax0 = weight_amax(ctx, &S, mod);
     CHECK(amax0 == max_abs_weight(&S, "model.layers.1.mlp.down_proj.weight"));
     double k0 = held_out_kld(ctx, &S);
+    test_eval_progress(ctx, &S);
     double first = 0, last = 0;
     nb_qad_metrics m;
     for (int i = 0; i < 30; i++) {

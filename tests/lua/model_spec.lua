@@ -126,6 +126,18 @@ describe("nibble.model", function()
     local r2 = m:eval({ data = valid, chunks = 4, teacher = t })
     assert.is_true(math.abs(r2.kld) < 1e-9)
     assert.are.equal(100, r2.top1)
+    -- progress: called after each batch of chunks (batch 3: 3, 6, 8 of 8); the numbers do not change;
+    -- an error in it stops the eval and is raised as it was (it does not unwind through C)
+    local seen = {}
+    local r3 = m:eval({ data = valid, ctx = 512, chunks = 8, batch = 3,
+                        progress = function(done, total) seen[#seen + 1] = done .. "/" .. total end })
+    assert.are.same({ "3/8", "6/8", "8/8" }, seen)
+    assert.are.equal(m:eval({ data = valid, ctx = 512, chunks = 8, batch = 3 }).nll, r3.nll)
+    local ok, err = pcall(m.eval, m, { data = valid, ctx = 512, chunks = 8, batch = 3,
+                                       progress = function() error("stop here", 0) end })
+    assert.is_false(ok)
+    assert.are.equal("stop here", err)
+    assert.are.equal(100, m:eval({ data = valid, chunks = 2, teacher = t }).top1)   -- still usable after
   end)
 
   it("generates the reference greedy continuation from BOS", function()

@@ -588,6 +588,14 @@ describe("recipes/quickstart.lua", function()
                                        "steps=5" }
     assert.are.equal(0, rc, e)
     assert.matches("quickstart %(dry run%): .* %-> PTQ nvfp4_w4a16 %-> QAD 5 steps", out)
+    -- quick=true: smaller defaults, and a key given still wins
+    local oq, eq, rcq = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. stories, "dry_run=true",
+                                        "quick=true" }
+    assert.are.equal(0, rcq, eq)
+    assert.matches("%-> QAD 6 steps of 2 x 128 tokens at lr 0.0001 %->", oq)
+    oq = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. stories, "dry_run=true", "quick=true",
+                         "steps=3" }
+    assert.matches("%-> QAD 3 steps of 2 x 128 tokens", oq)
     local _, e2, rc2 = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. tmp .. "/none", "dry_run=true" }
     assert.are.equal(1, rc2)
     assert.matches("does not exist", e2)
@@ -645,6 +653,19 @@ describe("recipes/quickstart.lua", function()
     assert.matches("PTQ%s+[%d%.]+%s+[%d%.]+%s+[%d%.]+%%", out)
     assert.matches("QAD%s+[%d%.]+%s+[%d%.]+%s+[%d%.]+%%", out)
     assert.matches("data: %d+ train tokens sampled", e)
+    -- progress with an ETA (stderr is not a terminal: whole lines), and each row as soon as it is known:
+    -- the stderr rows are the table's, the PTQ row comes before QAD's first step
+    assert.matches("\ndata: sampling train: 2/2 prompts  %d+ tokens, %d+ tok/s  ETA 0:00\n", e)
+    assert.matches("\ndata: sampling eval: 6/6 prompts  %d+ tokens, %d+ tok/s  ETA 0:00\n", e)
+    assert.matches("\neval: PTQ: (%d+)/%1 chunks  ETA 0:00\n", e)
+    local t_row = e:match("\neval: teacher PPL ([%d%.]+) %(")
+    local p_row = { e:match("\neval: PTQ     PPL ([%d%.]+)  KLD ([%d%.]+)  top%-1 ([%d%.]+)%% %(") }
+    local q_row = { e:match("\neval: QAD     PPL ([%d%.]+)  KLD ([%d%.]+)  top%-1 ([%d%.]+)%% %(") }
+    assert.are.equal(out:match("teacher%s+([%d%.]+)"), t_row)
+    assert.are.same({ out:match("PTQ%s+([%d%.]+)%s+([%d%.]+)%s+([%d%.]+)%%") }, p_row)
+    assert.are.same({ out:match("QAD%s+([%d%.]+)%s+([%d%.]+)%s+([%d%.]+)%%") }, q_row)
+    assert.is_true(e:find("\neval: PTQ     PPL", 1, true) < e:find("qad: step 1/3", 1, true), e)
+    assert.matches("\nexport: [^\n]*/qs written in %d+ s\n", e)
     assert.is_truthy(nbspec.read(tmp .. "/qs/model.safetensors"))
     -- a second run reuses the sampled text
     local _, e2, rc2 = nbspec.nibble { "run", src .. "/recipes/quickstart.lua", "model=" .. stories, "prompts=2",

@@ -277,6 +277,10 @@ typedef struct nb_eval_opts {
     int64_t batch;              /* chunks per forward; 0 = automatic */
     int32_t bos;                /* token put in the first slot of each chunk; -1 = the model's BOS,
                                    -2 = keep the text's own first token */
+    /* NULL or called after each forward batch with the chunks scored so far and their total (a
+       progress line for evals that take minutes); a status other than NB_OK stops the eval with it */
+    nb_status (*on_chunks)(nb_ctx *ctx, void *user, int64_t done, int64_t total);
+    void *user;
 } nb_eval_opts;
 
 typedef struct nb_eval_result {

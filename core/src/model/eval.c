@@ -266,6 +266,7 @@ nb_status nb_model_eval(nb_ctx *ctx, nb_model *m, nb_model *teacher, const int32
                 agree += same[r];
             }
         }
+        if (opts->on_chunks && (s = opts->on_chunks(ctx, opts->user, c0 + nb, chunks))) break;
     }
     free(ct);
     free(nll);
