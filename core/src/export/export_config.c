@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -401,16 +402,20 @@ nb_status nbx_read_json(nb_ctx *ctx, const char *path, cJSON **out) {
         if (errno == ENOENT) return NB_OK;
         return nb_fail(ctx, NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     }
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        int e = errno;
+    /* the size from fstat, not ftell: ftell on a directory says LONG_MAX */
+    struct stat sb;
+    const char *why = NULL;
+    if (fstat(fileno(f), &sb) != 0) why = strerror(errno);
+    else if (S_ISDIR(sb.st_mode)) why = "it is a directory";
+    else if (!S_ISREG(sb.st_mode)) why = "not a regular file";
+    if (why) {
         fclose(f);
-        return nb_fail(ctx, NB_ERR_IO, "cannot read %s: %s", path, strerror(e));
+        return nb_fail(ctx, NB_ERR_IO, "cannot read %s: %s", path, why);
     }
+    long long n = (long long)sb.st_size;
     if (n > NBX_JSON_MAX_BYTES) {
         fclose(f);
-        return nb_fail(ctx, NB_ERR_FORMAT, "%s is %ld bytes: a JSON side file over %d MiB is refused", path, n,
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s is %lld bytes: a JSON side file over %d MiB is refused", path, n,
                        NBX_JSON_MAX_BYTES >> 20);
     }
     char *buf = malloc((size_t)n + 1);
