@@ -15,7 +15,7 @@ if [ "${1:-}" = --update-corpus ]; then UPDATE=1; shift; fi
 [ $# -ge 1 ] || { echo "usage: scripts/fuzz-campaign.sh [--update-corpus] SECONDS_PER_TARGET [TARGET...]" >&2; exit 2; }
 SECS=$1
 shift
-TARGETS=${*:-"safetensors st_index gguf tokenizer_json tokenizer_model config data checkpoint readback"}
+TARGETS=${*:-"safetensors st_index gguf tokenizer_json tokenizer_model config data checkpoint readback qad_checkpoint"}
 cmake --preset fuzz >/dev/null
 cmake --build build-fuzz -j"$(nproc 2>/dev/null || echo 2)" --target fuzz >/dev/null
 START=$(date -u +%Y-%m-%dT%H:%M:%SZ)

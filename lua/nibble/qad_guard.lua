@@ -56,7 +56,9 @@ function G.step0_eval(path)
   local found
   for line in f:lines() do
     local ok, t = pcall(nibble.json.decode, line)
-    if ok and type(t) == "table" and t.step == 0 and type(t.eval_kld) == "number" then
+    -- a row of the PTQ eval has all three numbers; a damaged one (edited, cut short) is passed over
+    if ok and type(t) == "table" and t.step == 0 and type(t.eval_kld) == "number" and type(t.eval_ppl) == "number"
+       and type(t.eval_top1) == "number" then
       found = { ppl = t.eval_ppl, kld = t.eval_kld, top1 = t.eval_top1 }
       break
     end
@@ -343,12 +345,32 @@ end
 
 local SETTINGS_FILE = "run-settings.json"
 
+-- read_settings(ckdir): the run-settings record of a checkpoint folder (a list of {key, value [, shown]}
+-- with string values, as run_settings makes), nil when there is none. A record that cannot be read, is
+-- not JSON or not such a list is an error naming the file: a resume must not go on unchecked.
 local function read_settings(ckdir)
-  local f = io.open(ckdir .. "/" .. SETTINGS_FILE, "rb")
+  local path = ckdir .. "/" .. SETTINGS_FILE
+  local f = io.open(path, "rb")
   if not f then return nil end
-  local ok, t = pcall(nibble.json.decode, f:read("*a"))
+  local text, e = f:read("*a")
   f:close()
-  return ok and type(t) == "table" and t or nil
+  local function bad(why)
+    error(("qad: %s %s: resume compares this run with it (overwrite=true starts again)"):format(path, why), 0)
+  end
+  if not text then bad("cannot be read (" .. tostring(e) .. ")") end
+  local ok, t = pcall(nibble.json.decode, text)
+  if not ok then bad("is not valid JSON (" .. tostring(t):gsub("^json%.decode: ", "") .. ")") end
+  if type(t) ~= "table" or #t == 0 then bad("is not a list of settings") end
+  for k in pairs(t) do
+    if type(k) ~= "number" then bad("is not a list of settings") end
+  end
+  for i, x in ipairs(t) do
+    if type(x) ~= "table" or type(x.key) ~= "string" or type(x.value) ~= "string"
+       or (x.shown ~= nil and type(x.shown) ~= "string") then
+      bad(("entry %d is not {key, value[, shown]} with string values"):format(i))
+    end
+  end
+  return t
 end
 
 local function write_settings(ckdir, s)

@@ -94,6 +94,42 @@ static inline void *nbt_slurp(const char *path, size_t *n) {
     return b;
 }
 
+/* Copy the safetensors file src to dst with the first `from` in its JSON header replaced by `to` (the
+ * header re-padded with spaces to a multiple of 8, its length prefix rewritten; tensor offsets are
+ * relative to the data after the header, so they stay valid): a checkpoint whose metadata says what a
+ * test wants. 0 on success, -1 when src cannot be read, holds no `from`, or dst cannot be written. */
+static inline int nbt_st_header_replace(const char *src, const char *dst, const char *from, const char *to) {
+    size_t n = 0;
+    unsigned char *b = nbt_slurp(src, &n);
+    uint64_t hl = 0;
+    if (!b || n < 8) { free(b); return -1; }
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+    char *h = (char *)b + 8, *at = NULL;
+    if (hl > n - 8) { free(b); return -1; }
+    char save = h[hl];
+    h[hl] = 0;
+    at = strstr(h, from);
+    h[hl] = save;
+    if (!at) { free(b); return -1; }
+    size_t pre = (size_t)(at - h), lf = strlen(from), lt = strlen(to);
+    size_t body = hl - lf + lt, padded;
+    /* trailing spaces of the old header are padding: drop them before re-padding */
+    while (body > pre + lt && h[body - lt + lf - 1] == ' ') body--;
+    padded = (body + 7) & ~(size_t)7;
+    FILE *f = fopen(dst, "wb");
+    int ok = f != NULL;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    if (ok) ok = fwrite(len8, 1, 8, f) == 8 && fwrite(h, 1, pre, f) == pre && fwrite(to, 1, lt, f) == lt;
+    size_t rest = body - pre - lt;
+    if (ok) ok = fwrite(at + lf, 1, rest, f) == rest;
+    for (size_t i = body; ok && i < padded; i++) ok = fputc(' ', f) != EOF;
+    if (ok) ok = fwrite(h + hl, 1, n - 8 - hl, f) == n - 8 - hl;
+    if (f && fclose(f) != 0) ok = 0;
+    free(b);
+    return ok ? 0 : -1;
+}
+
 /* A float's bits and back (memcpy: no aliasing games), for bit-exact checks. */
 static inline uint32_t nbt_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float nbt_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

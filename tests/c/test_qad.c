@@ -585,6 +585,53 @@ static void test_resume_flag(nb_ctx *ctx, const char *ref) {
     CHECK_FAIL(ctx, nb_qad_restore(ctx, S.q, empty), NB_ERR_NOT_FOUND, "no QAD checkpoint");
     session_close(&S);
 
+    /* hostile metadata: a step folder given directly (no manifest to verify) whose files say things a
+     * lax parser (atoi, valueint) would take: each refused in one line naming file and field */
+    {
+        char bad[512], src[700], tr[700], stu[700], want2[1400];
+        snprintf(bad, sizeof bad, "%s/ck_bad", tmpdir);
+        CHECK(mkdir(bad, 0755) == 0);
+        snprintf(tr, sizeof tr, "%s/trainer.safetensors", bad);
+        snprintf(stu, sizeof stu, "%s/student.safetensors", bad);
+        static const struct { const char *file, *from, *to, *field; nb_status code; } cases[] = {
+            {"trainer", "\"nibble_qad\":\"1\"", "\"nibble_qad\":\"1x\"", "QAD checkpoint version 1x, this nibble reads 1",
+             NB_ERR_UNSUPPORTED},
+            {"trainer", "\"nibble_qad\":\"1\"", "\"nibble_qad\":\"4294967297\"",
+             "QAD checkpoint version 4294967297, this nibble reads 1", NB_ERR_UNSUPPORTED},
+            {"trainer", "\"step\":\"12\"", "\"step\":\"12abc\"", "step metadata '12abc' is not a step number",
+             NB_ERR_FORMAT},
+            {"trainer", "\"step\":\"12\"", "\"step\":\"-12\"", "step metadata '-12' is not a step number", NB_ERR_FORMAT},
+            {"student", "\"nibble_checkpoint\":\"1\"", "\"nibble_checkpoint\":\" 1\"",
+             "checkpoint version  1, this nibble reads 1", NB_ERR_UNSUPPORTED},
+            {"student", "\\\"mx_floor\\\":0", "\\\"mx_floor\\\":1e36",
+             "specs metadata: model.layers.0.self_attn.q_proj.mx_floor is not an integer in [0, 1]", NB_ERR_FORMAT},
+            {"student", "\\\"weight_format\\\":", "\\\"weight_format\\\":4294967297,\\\"x\\\":",
+             "specs metadata: model.layers.0.self_attn.q_proj.weight_format is not an integer in [0, 5]", NB_ERR_FORMAT},
+            {"student", "\\\"pass_through_bwd\\\":1", "\\\"pass_through_bwd\\\":0.5",
+             "specs metadata: model.layers.0.self_attn.q_proj.pass_through_bwd is not an integer in [0, 1]", NB_ERR_FORMAT},
+        };
+        cfg.lr_scale_unquantized = 1;
+        session_open(ctx, &S, &cfg);
+        for (size_t c = 0; S.q && c < sizeof cases / sizeof *cases; c++) {
+            int tr_bad = cases[c].file[0] == 't';
+            snprintf(src, sizeof src, "%s/step-00000012/trainer.safetensors", ck);
+            CHECK(nbt_st_header_replace(src, tr, tr_bad ? cases[c].from : "\"", tr_bad ? cases[c].to : "\"") == 0);
+            snprintf(src, sizeof src, "%s/step-00000012/student.safetensors", ck);
+            CHECK(nbt_st_header_replace(src, stu, tr_bad ? "\"" : cases[c].from, tr_bad ? "\"" : cases[c].to) == 0);
+            snprintf(want2, sizeof want2, "%s/%s.safetensors: %s", bad, cases[c].file, cases[c].field);
+            CHECK_EQ_INT(nb_qad_restore(ctx, S.q, bad), cases[c].code);
+            CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), want2), "case %zu: got \"%s\"", c, nb_ctx_last_error(ctx));
+        }
+        /* the same copies untouched resume (the rewriting itself breaks nothing) */
+        snprintf(src, sizeof src, "%s/step-00000012/trainer.safetensors", ck);
+        CHECK(nbt_st_header_replace(src, tr, "\"", "\"") == 0);
+        snprintf(src, sizeof src, "%s/step-00000012/student.safetensors", ck);
+        CHECK(nbt_st_header_replace(src, stu, "\"", "\"") == 0);
+        CHECK_OK(ctx, nb_qad_restore(ctx, S.q, bad));
+        CHECK_EQ_INT(nb_qad_step_count(S.q), 12);
+        session_close(&S);
+    }
+
     /* a kill between step-12's rename and the `latest` update: latest still names step-8, and the
      * resume takes step-12 all the same (its manifest verifies it) */
     char p[700], want[700];

@@ -313,6 +313,32 @@ int main(void) {
     CHECK(txt && strstr(txt, "\"model.layers.3.self_attn.o_proj\"") != NULL);
     free(txt);
 
+    /* the source's config.json is read whole: one over 64 MiB (a sparse file: nothing is written) is
+     * refused before any allocation, and one that cannot be read says why */
+    {
+        char src[512], cfgp[600], want[1400];
+        snprintf(src, sizeof src, "%s/bigsrc", tmpdir);
+        CHECK(mkdir(src, 0755) == 0);
+        path(cfgp, src, "config.json");
+        FILE *f = fopen(cfgp, "wb");
+        CHECK(f && fclose(f) == 0);
+        CHECK(truncate(cfgp, (64 << 20) + 1) == 0);
+        eo.source_dir = src;
+        snprintf(want, sizeof want, "%s is 67108865 bytes: a JSON side file over 64 MiB is refused", cfgp);
+        CHECK_EQ_INT(nb_qmodel_export(ctx, qm, out2, &eo), NB_ERR_FORMAT);
+        CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), want), "got \"%s\"", nb_ctx_last_error(ctx));
+        CHECK(unlink(cfgp) == 0 && mkdir(cfgp, 0755) == 0);   /* opens, cannot be read */
+        snprintf(want, sizeof want, "cannot read %s: it is a directory", cfgp);
+        CHECK_EQ_INT(nb_qmodel_export(ctx, qm, out2, &eo), NB_ERR_IO);
+        CHECK_MSG(!strcmp(nb_ctx_last_error(ctx), want), "got \"%s\"", nb_ctx_last_error(ctx));
+        CHECK(rmdir(cfgp) == 0);
+        f = fopen(cfgp, "wb");
+        CHECK(f && fputs("{\"a\": 1,", f) >= 0 && fclose(f) == 0);
+        snprintf(want, sizeof want, "%s is not valid JSON", cfgp);
+        CHECK_FAIL(ctx, nb_qmodel_export(ctx, qm, out2, &eo), NB_ERR_FORMAT, want);
+        eo.source_dir = NULL;
+    }
+
     nb_qmodel_free(qm);
     nb_model_free(m);
     nb_ctx_release(ctx);

@@ -12,7 +12,7 @@ SECONDS_PER=$2
 shift 2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SHARED=${NIBBLE_SHARED_DATA:-$ROOT/../shared/data}
-TARGETS=${*:-"safetensors st_index gguf tokenizer_json tokenizer_model config data checkpoint readback"}
+TARGETS=${*:-"safetensors st_index gguf tokenizer_json tokenizer_model config data checkpoint readback qad_checkpoint"}
 JOBS=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}
 OUT=$BUILD/fuzz-out
 rm -rf "$OUT"

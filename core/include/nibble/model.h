@@ -126,6 +126,10 @@ nb_status nb_model_init_random(nb_ctx *ctx, nb_model *m, uint64_t seed, double s
  * file. Weights become float32 once, here. Unsupported architectures or config values, missing or
  * misshapen tensors and configs that disagree with the weights fail with a message naming them. */
 nb_status nb_model_load(nb_ctx *ctx, const char *path, nb_model **out);
+/* NB_ERR_FORMAT, naming it, when path (a folder, or a file in one) is an export's unfinished staging
+ * folder (OUT.nibble-tmp-PID/, with its INCOMPLETE note) or that folder's export/ subfolder; NB_OK
+ * otherwise. nb_model_load and nb_model_read_config check it; file readers (nibble inspect) ask. */
+nb_status nb_model_check_finished(nb_ctx *ctx, const char *path);
 void nb_model_free(nb_model *m);
 /* The config of the model at path (what nb_model_load would build) from config.json and the safetensors
  * headers, or the GGUF metadata and tensor table, without reading any weight: for listing modules

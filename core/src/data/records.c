@@ -110,6 +110,7 @@ static nb_status keep_root(nb_ctx *ctx, recset *rs, cJSON *root) {
 /* ---- tokenization of one record --------------------------------------------------------------- */
 
 static int out_push(rec_out *o, const int32_t *ids, int64_t n, uint8_t m) {
+    if (n <= 0) return 1;   /* an empty segment first: o->ids may still be NULL, and NULL + 0 is undefined */
     if (o->n + n > o->cap) {
         int64_t c = o->cap ? o->cap : 256;
         while (c < o->n + n) c *= 2;

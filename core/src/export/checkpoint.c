@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "io/json_int.h"
 #include "nibble/safetensors.h"
 #include "ptq/qmodel_internal.h"
 
@@ -88,9 +89,18 @@ nb_status nb_qmodel_save(nb_ctx *ctx, const nb_qmodel *qm, const char *path) {
     return s;
 }
 
-static int json_int(const cJSON *o, const char *key, int def) {
+/* A spec field: absent gives `def`; a number must be an integer in [lo, hi] (true/false count as 1/0);
+ * anything else is refused naming the file, the module and the field. */
+static nb_status spec_int(nb_ctx *ctx, const char *path, const char *mod, const cJSON *o, const char *key,
+                          int64_t lo, int64_t hi, int32_t def, int32_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) ? v->valueint : cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
+    int64_t x = def;
+    if (cJSON_IsBool(v)) x = cJSON_IsTrue(v);
+    else if (v && !nb_json_int(v, lo, hi, &x))
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s: specs metadata: %s.%s is not an integer in [%lld, %lld]", path, mod,
+                       key, (long long)lo, (long long)hi);
+    *out = (int32_t)x;
+    return NB_OK;
 }
 
 static nb_status restore_state(nb_ctx *ctx, nb_st *st, nb_quantizer *q) {
@@ -118,7 +128,7 @@ nb_status nb_qmodel_restore(nb_ctx *ctx, nb_qmodel *qm, const char *path) {
     cJSON *specs = NULL;
     if (!ver || !specs_text) {
         s = nb_fail(ctx, NB_ERR_FORMAT, "%s is not a nibble checkpoint (no nibble_checkpoint/specs metadata)", path);
-    } else if (atoi(ver) != NB_CKPT_VERSION) {
+    } else if (!nb_text_int(ver, NB_CKPT_VERSION, NB_CKPT_VERSION, &(int64_t){0})) {
         s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: checkpoint version %s, this nibble reads %d", path, ver, NB_CKPT_VERSION);
     } else if (arch && strcmp(arch, nb_model_arch_name(qm->m)) != 0) {
         s = nb_fail(ctx, NB_ERR_INVALID, "%s holds a %s model, not %s", path, arch, nb_model_arch_name(qm->m));
@@ -142,19 +152,23 @@ nb_status nb_qmodel_restore(nb_ctx *ctx, nb_qmodel *qm, const char *path) {
         if (!cJSON_IsObject(o)) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s has no spec for %s", path, q->name); break; }
         nb_qspec spec;
         nb_qspec_init(&spec);
-        spec.weight_format = json_int(o, "weight_format", NB_FMT_NONE);
-        spec.weight_static = json_int(o, "weight_static", 0);
-        spec.input_format = json_int(o, "input_format", NB_FMT_NONE);
-        spec.mx_floor = json_int(o, "mx_floor", 0);
-        spec.pass_through_bwd = json_int(o, "pass_through_bwd", 1);
+        int32_t wen = 1, ien = 1;
+        s = spec_int(ctx, path, q->name, o, "weight_format", 0, NB_FMT_COUNT - 1, NB_FMT_NONE, &spec.weight_format);
+        if (!s) s = spec_int(ctx, path, q->name, o, "weight_static", 0, 1, 0, &spec.weight_static);
+        if (!s) s = spec_int(ctx, path, q->name, o, "input_format", 0, NB_FMT_COUNT - 1, NB_FMT_NONE, &spec.input_format);
+        if (!s) s = spec_int(ctx, path, q->name, o, "mx_floor", 0, 1, 0, &spec.mx_floor);
+        if (!s) s = spec_int(ctx, path, q->name, o, "pass_through_bwd", 0, 1, 1, &spec.pass_through_bwd);
+        if (!s) s = spec_int(ctx, path, q->name, o, "weight_enabled", 0, 1, 1, &wen);
+        if (!s) s = spec_int(ctx, path, q->name, o, "input_enabled", 0, 1, 1, &ien);
+        if (s) break;
         if (spec.weight_format == NB_FMT_NONE) {
             const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "reason");
             s = nb_qmodel_exclude(ctx, qm, q->name, cJSON_IsString(r) ? r->valuestring : "excluded");
             continue;
         }
         s = nb_qmodel_set(ctx, qm, q->name, &spec);
-        if (!s && q->wq) nb_quantizer_set_enabled(q->wq, json_int(o, "weight_enabled", 1));
-        if (!s && q->iq) nb_quantizer_set_enabled(q->iq, json_int(o, "input_enabled", 1));
+        if (!s && q->wq) nb_quantizer_set_enabled(q->wq, wen);
+        if (!s && q->iq) nb_quantizer_set_enabled(q->iq, ien);
     }
     const char *fused = nb_st_metadata(st, "fused");
     if (!s && fused && strcmp(fused, "1") == 0) s = nb_qmodel_fuse_siblings(ctx, qm, NULL);
@@ -164,7 +178,11 @@ nb_status nb_qmodel_restore(nb_ctx *ctx, nb_qmodel *qm, const char *path) {
     }
     /* the KV cache (a checkpoint without kv_format has none) */
     const char *kvf = nb_st_metadata(st, "kv_format"), *kve = nb_st_metadata(st, "kv_enabled");
-    if (!s) s = nb_qmodel_set_kv(ctx, qm, kvf ? atoi(kvf) : NB_FMT_NONE);
+    int64_t kv_fmt = NB_FMT_NONE;
+    if (!s && kvf && !nb_text_int(kvf, 0, NB_FMT_COUNT - 1, &kv_fmt))
+        s = nb_fail(ctx, NB_ERR_FORMAT, "%s: kv_format metadata '%s' is not a format number in [0, %d]", path, kvf,
+                    NB_FMT_COUNT - 1);
+    if (!s) s = nb_qmodel_set_kv(ctx, qm, (int32_t)kv_fmt);
     if (!s && kvf && kve && (int64_t)strlen(kve) != 2 * qm->n_layers)
         s = nb_fail(ctx, NB_ERR_FORMAT, "%s: kv_enabled has %zu flags for %lld layers", path, strlen(kve),
                     (long long)qm->n_layers);

@@ -1,9 +1,11 @@
 /* The JSON an export writes for the ModelOpt layout (hf_quant_config.json, config.json's
  * quantization_config: FORMATS.md §3) and the compressed-tensors layout (§4), the config.json
  * synthesized for a model that came without one, and the reader for an existing config.json. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -393,19 +395,44 @@ cJSON *nbx_synth_config(const nb_qmodel *qm, nb_dtype dt) {
     return j;
 }
 
-cJSON *nbx_read_json(const char *path) {
+nb_status nbx_read_json(nb_ctx *ctx, const char *path, cJSON **out) {
+    *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    cJSON *j = NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-        buf[n] = 0;
-        j = cJSON_Parse(buf);
+    if (!f) {
+        if (errno == ENOENT) return NB_OK;
+        return nb_fail(ctx, NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     }
-    free(buf);
+    /* the size from fstat, not ftell: ftell on a directory says LONG_MAX */
+    struct stat sb;
+    const char *why = NULL;
+    if (fstat(fileno(f), &sb) != 0) why = strerror(errno);
+    else if (S_ISDIR(sb.st_mode)) why = "it is a directory";
+    else if (!S_ISREG(sb.st_mode)) why = "not a regular file";
+    if (why) {
+        fclose(f);
+        return nb_fail(ctx, NB_ERR_IO, "cannot read %s: %s", path, why);
+    }
+    long long n = (long long)sb.st_size;
+    if (n > NBX_JSON_MAX_BYTES) {
+        fclose(f);
+        return nb_fail(ctx, NB_ERR_FORMAT, "%s is %lld bytes: a JSON side file over %d MiB is refused", path, n,
+                       NBX_JSON_MAX_BYTES >> 20);
+    }
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return nb_fail(ctx, NB_ERR_NOMEM, "out of memory reading %s", path);
+    }
+    size_t got = fread(buf, 1, (size_t)n, f);
+    int bad = ferror(f);
     fclose(f);
-    return j;
+    if (bad || got != (size_t)n) {
+        free(buf);
+        return nb_fail(ctx, NB_ERR_IO, "cannot read %s: %s", path, bad ? strerror(errno) : "the file shrank while read");
+    }
+    buf[n] = 0;
+    *out = cJSON_ParseWithLength(buf, (size_t)n);
+    free(buf);
+    if (!*out) return nb_fail(ctx, NB_ERR_FORMAT, "%s is not valid JSON", path);
+    return NB_OK;
 }

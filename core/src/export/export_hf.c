@@ -382,8 +382,7 @@ static nb_status write_all(nb_ctx *ctx, nb_qmodel *qm, const char *tmp, const nb
     cJSON *config = NULL;
     if (!s && srcdir) {
         nbx_join_path(src, sizeof src, srcdir, "config.json");
-        config = nbx_read_json(src);
-        if (!config && file_exists(src)) s = nb_fail(ctx, NB_ERR_FORMAT, "%s is not valid JSON", src);
+        s = nbx_read_json(ctx, src, &config);
     }
     if (!s && !config) config = nbx_synth_config(qm, main_dt);
     if (!s && config) nbx_set_torch_dtype(config, main_dt);

@@ -66,7 +66,11 @@ cJSON *nbx_ct_quantization_config(const nb_qmodel *qm, const int *included, int 
 cJSON *nbx_synth_config(const nb_qmodel *qm, nb_dtype dt);
 /* config.json's torch_dtype (and dtype, where present) set to dt's name. */
 void nbx_set_torch_dtype(cJSON *config, nb_dtype dt);
-/* The JSON file at path, or NULL when it cannot be read or parsed. */
-cJSON *nbx_read_json(const char *path);
+/* A JSON side file (config.json of the source, of an export target) is refused above this size:
+ * the largest real config.json is tens of KiB, and the file is read whole into memory. */
+#define NBX_JSON_MAX_BYTES (64 << 20)
+/* The JSON file at path into *out: NB_OK with *out NULL when there is no such file; an error naming
+ * the file when it cannot be read, is over NBX_JSON_MAX_BYTES, or is not valid JSON. */
+nb_status nbx_read_json(nb_ctx *ctx, const char *path, cJSON **out);
 
 #endif

@@ -69,7 +69,8 @@ static int has_nibble_mark(nb_ctx *ctx, const char *dir) {
     if (marked) return 1;
     char path[4096];
     if (nbx_join_path(path, sizeof path, dir, "config.json") != 0) return 0;
-    cJSON *cfg = nbx_read_json(path);
+    cJSON *cfg = NULL;
+    if (nbx_read_json(ctx, path, &cfg) != NB_OK) nb_ctx_clear_error(ctx);   /* unreadable: not an export of ours */
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
     const cJSON *prod = cJSON_GetObjectItemCaseSensitive(qc, "producer");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(prod, "name");

@@ -701,12 +701,37 @@ static nb_status hf_read_config(nb_ctx *ctx, const char *dir, nb_model_config *c
  * *dir is then that file's directory) or a GGUF file (recognised by its magic). */
 typedef enum { SRC_HF, SRC_GGUF } model_src;
 
+/* An export's staging folder (OUT.nibble-tmp-PID/, holding an INCOMPLETE note and the files in its
+ * export/ subfolder) may hold every file of a model when a process dies just before the final rename:
+ * a reader given it, its export/ subfolder or a file in either refuses it rather than read half a
+ * checkpoint. */
+nb_status nb_model_check_finished(nb_ctx *ctx, const char *path) {
+    char dir[4096], note[4200];
+    struct stat sb;
+    snprintf(dir, sizeof dir, "%s", path);
+    if (stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+    }
+    size_t L = strlen(dir);
+    while (L > 1 && dir[L - 1] == '/') dir[--L] = 0;
+    snprintf(note, sizeof note, "%s/INCOMPLETE", dir);
+    int hit = stat(note, &sb) == 0;
+    if (!hit && L >= 6 && !strcmp(dir + L - 6, "export") && (L == 6 || dir[L - 7] == '/')) {
+        snprintf(note, sizeof note, "%.*sINCOMPLETE", (int)(L - 6), dir);
+        hit = stat(note, &sb) == 0;
+    }
+    if (!hit) return NB_OK;
+    return nb_fail(ctx, NB_ERR_FORMAT, "%s is an unfinished nibble export (%s says so): not a model; run the export "
+                   "again", path, note);
+}
+
 static nb_status model_source(nb_ctx *ctx, const char *path, char dir[4096], model_src *kind) {
     struct stat sb;
     if (stat(path, &sb) != 0) return nb_fail(ctx, NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     snprintf(dir, 4096, "%s", path);
     *kind = SRC_HF;
-    if (S_ISDIR(sb.st_mode)) return NB_OK;
+    if (S_ISDIR(sb.st_mode)) return nb_model_check_finished(ctx, path);
     FILE *f = fopen(path, "rb");
     char magic[4] = {0};
     size_t n = f ? fread(magic, 1, 4, f) : 0;
@@ -716,7 +741,7 @@ static nb_status model_source(nb_ctx *ctx, const char *path, char dir[4096], mod
     if (pl > 12 && !strcmp(path + pl - 12, ".safetensors")) {
         char *slash = strrchr(dir, '/');
         if (slash) *slash = 0; else snprintf(dir, 4096, ".");
-        return NB_OK;
+        return nb_model_check_finished(ctx, path);
     }
     return nb_fail(ctx, NB_ERR_FORMAT, "%s is neither a model directory (config.json + safetensors) nor a GGUF file", path);
 }

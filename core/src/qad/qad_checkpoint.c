@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "io/durable.h"
+#include "io/json_int.h"
 #include "nibble/safetensors.h"
 #include "qad/qad_internal.h"
 
@@ -449,11 +450,14 @@ nb_status nb_qad_restore(nb_ctx *ctx, nb_qad *q, const char *dir) {
     const char *rng = nb_st_metadata(st, "rng"), *set = nb_st_metadata(st, "settings");
     char *now = NULL;
     char msg[1024];
+    int64_t step_no = 0;
     if (!ver || !step || !asteps || !rng || !set) {
         s = nb_fail(ctx, NB_ERR_FORMAT, "%s is not a QAD trainer state (metadata missing)", p);
-    } else if (atoi(ver) != NB_QAD_CKPT_VERSION) {
+    } else if (!nb_text_int(ver, NB_QAD_CKPT_VERSION, NB_QAD_CKPT_VERSION, &(int64_t){0})) {
         s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: QAD checkpoint version %s, this nibble reads %d", p, ver,
                     NB_QAD_CKPT_VERSION);
+    } else if (!nb_text_int(step, 0, INT64_MAX, &step_no)) {
+        s = nb_fail(ctx, NB_ERR_FORMAT, "%s: step metadata '%.40s' is not a step number", p, step);
     } else if (!(now = nb_qad_settings_text(q))) {
         s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
     } else if (settings_diff(set, now, msg, sizeof msg)) {
@@ -496,8 +500,12 @@ nb_status nb_qad_restore(nb_ctx *ctx, nb_qad *q, const char *dir) {
     const char *a = asteps;
     for (int32_t i = 0; !s && i < q->n; i++) {
         char *end = NULL;
+        errno = 0;
         long long n = strtoll(a, &end, 10);
-        if (end == a) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: malformed adam_steps metadata", p); break; }
+        if (end == a || errno || n < 0 || (*end != ',' && *end)) {
+            s = nb_fail(ctx, NB_ERR_FORMAT, "%s: malformed adam_steps metadata", p);
+            break;
+        }
         a = *end == ',' ? end + 1 : end;
         char name[1200];
         nb_tensor *m = NULL, *v = NULL;
@@ -511,7 +519,7 @@ nb_status nb_qad_restore(nb_ctx *ctx, nb_qad *q, const char *dir) {
     }
     if (!s) {
         memcpy(nb_ctx_rng(ctx)->s, rv, sizeof rv);
-        q->step = strtoll(step, NULL, 10);
+        q->step = step_no;
         nb_model_zero_grad(q->sm);
     }
     nb_st_close(st);

@@ -92,6 +92,9 @@ return function(args)
     io.stderr:write("nibble inspect: ", path, " is not a safetensors or GGUF file\n")
     return 1
   end
+  -- an export's staging folder is no model, whatever files it holds
+  local fin, why = pcall(nibble.check, nibble.C.nb_model_check_finished(nibble.context(), path))
+  if not fin then return require("nibble.cli").fail("inspect", why) end
   local ok, info = pcall(nibble.inspect, path)
   if not ok and path:match("%.json$") and tostring(info):find("weight_map", 1, true) then
     info = path .. " is not a safetensors index (no \"weight_map\"); give the model folder, a .safetensors or a .gguf file"
