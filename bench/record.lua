@@ -59,6 +59,14 @@ for _, a in ipairs(cmd) do shown[#shown + 1] = a:match("^[%w%./_,=:%-]+$") and a
 frag.commit, frag.date = frag.commit or commit, frag.date or date
 local rec = results.complete(frag, table.concat(shown, " "), root)
 rec.notes[#rec.notes + 1] = ("load average (1, 5, 15 min) before the run %s, after it %s"):format(load0, loadavg())
+-- the variables that change which kernels run are part of how the numbers were made
+local env = {}
+for _, k in ipairs { "OPENBLAS_CORETYPE", "NIBBLE_BLAS_PRETEND_CORE", "NIBBLE_BLAS", "NIBBLE_SIMD", "NIBBLE_QUANT_PATH",
+                     "NIBBLE_THREADS" } do
+  local v = os.getenv(k)
+  if v and v ~= "" then env[#env + 1] = k .. "=" .. v end
+end
+if #env > 0 then rec.notes[#rec.notes + 1] = "environment: " .. table.concat(env, " ") end
 local okv, err = pcall(results.validate, rec, cmd[1])
 if not okv then die(err) end
 os.execute("mkdir -p " .. q(dir))
