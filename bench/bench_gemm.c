@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "nibble/nibble.h"
-#include "blas_internal.h"
+#include "cpu/blas_internal.h"
 #include "model/internal.h"
 #include "bench_common.h"
 

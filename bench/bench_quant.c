@@ -17,7 +17,7 @@
 
 #include "nibble/nibble.h"
 #include "nibble/quant_fast.h"
-#include "quant/fast_internal.h"
+#include "cpu/fast_internal.h"
 #include "bench_common.h"
 
 static int64_t ROWS = 4096, COLS = 4096;

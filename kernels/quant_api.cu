@@ -9,7 +9,7 @@
 extern "C" {
 #include "nibble/cuda.h"
 #include "nibble/ctx.h"
-const uint32_t *nbq_mx_ceil_table(void);   // core/src/quant/fast_dispatch.c
+const uint32_t *nbq_mx_ceil_table(void);   // core/src/cpu/fast_dispatch.c
 }
 
 static const char *OPS[3] = {"quantize", "dequantize", "fake quant"};

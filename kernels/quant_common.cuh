@@ -1,5 +1,5 @@
 // Device copies of the scalar quantization math (core/src/dtype.c, core/src/quant/{nvfp4,mxfp8,fp8}.c,
-// core/src/quant/fast_dispatch.c): the same bit tricks and the same f32 operations, each rounded on
+// core/src/cpu/fast_dispatch.c): the same bit tricks and the same f32 operations, each rounded on
 // its own (__fmul_rn / __fdiv_rn / __fadd_rn never contract into FMA, and nvcc keeps IEEE division
 // and denormals unless told otherwise), so every kernel is bit-equal to the CPU reference.
 #ifndef NIBBLE_QUANT_COMMON_CUH

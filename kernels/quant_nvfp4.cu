@@ -58,7 +58,7 @@ __global__ void nbq_nvfp4_quant16_kernel(const void *x, int xdt, int64_t rows, i
 
 enum { NBQ_TAB_UNROLL = 2 };   // blocks per thread in nbq_nvfp4_tab16_kernel, their loads issued together
 
-// BF16 quantize by the threshold table of core/src/quant/fast_avx512.c (nbq_nv_table): for each scale
+// BF16 quantize by the threshold table of core/src/cpu/fast_avx512.c (nbq_nv_table): for each scale
 // byte sb whose divisor p = e4m3(sb) * s2 is positive and at most 2^16, th[sb][j] + 1 is the smallest
 // bf16 magnitude whose quotient by p reaches the j-th E2M1 rounding boundary, found by binary search
 // with the reference's own division. An element's code is then the count of thresholds its magnitude

@@ -13,7 +13,7 @@
 
 #include "nibble/ctx.h"
 #include "model/internal.h"   /* nb_simd_env_status: a bad NIBBLE_SIMD fails context creation */
-#include "blas_internal.h"
+#include "cpu/blas_internal.h"
 
 #ifndef NIBBLE_VERSION
 #define NIBBLE_VERSION "0.0.0"

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "nibble/quant_fast.h"
-#include "quant/fast_internal.h"
+#include "cpu/fast_internal.h"
 
 /* ---- rows ------------------------------------------------------------------------------------------ */
 

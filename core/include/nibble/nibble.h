@@ -13,6 +13,7 @@
 #include "nibble/cuda.h"
 #include "nibble/tokenizer.h"
 #include "nibble/qmodel.h"
+#include "nibble/export.h"
 #include "nibble/ops.h"
 #include "nibble/blas.h"
 #include "nibble/model.h"

@@ -4,6 +4,16 @@
 #ifndef NIBBLE_STATUS_H
 #define NIBBLE_STATUS_H
 
+/* NB_API marks a declaration as part of the public API: libnibble is built with hidden visibility and
+ * exports these names only. Every public header includes this one. */
+#if defined(NB_FFI_CDEF)
+#define NB_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define NB_API __attribute__((visibility("default")))
+#else
+#define NB_API
+#endif
+
 typedef enum nb_status {
     NB_OK               = 0,
     NB_ERR_INVALID      = -1,  /* an argument is wrong (bad shape, bad name, out of range) */
@@ -21,6 +31,6 @@ typedef enum nb_status {
 } nb_status;
 
 /* Stable short name of a status code, e.g. "NB_ERR_FORMAT". Never NULL. */
-const char *nb_status_name(nb_status s);
+NB_API const char *nb_status_name(nb_status s);
 
 #endif

@@ -504,3 +504,13 @@ out:
     free(included);
     return s;
 }
+
+/* What the last export left out or wrote non-finite (kept in the qmodel: the export fills them). */
+int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm) { return qm->n_skipped; }
+const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i) {
+    return (i >= 0 && i < qm->n_skipped) ? qm->skipped[i] : NULL;
+}
+int64_t nb_qmodel_export_nonfinite_count(const nb_qmodel *qm) { return qm->n_nonfinite; }
+const char *nb_qmodel_export_nonfinite(const nb_qmodel *qm, int64_t i) {
+    return (i >= 0 && i < qm->n_nonfinite) ? qm->nonfinite[i] : NULL;
+}

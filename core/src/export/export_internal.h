@@ -9,7 +9,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "ptq/qmodel_internal.h"
+#include "nibble/export.h"
+#include "qmodel/qmodel_internal.h"
 
 /* ---- export_target.c ---- */
 

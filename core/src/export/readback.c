@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "nibble/qmodel.h"
+#include "nibble/export.h"
 
 static int64_t find2(nb_st *st, const char *module, const char *suffix, char *buf, size_t cap) {
     snprintf(buf, cap, "%s.%s", module, suffix);

@@ -13,7 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "nibble/gguf.h"
-#include "nibble/qmodel.h"
+#include "nibble/export.h"
 #include "nibble/safetensors.h"
 #include "io/json_int.h"
 #include "model/internal.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_internal.h"
+#include "quant/quant_internal.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF

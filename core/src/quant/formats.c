@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "quant_internal.h"
+#include "quant/quant_internal.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF

@@ -18,7 +18,7 @@
  * transformers gives 3.788669, and 17 of the 20 windows agree to float32 rounding instead of 3 (the
  * rest, and other BLAS kernels' sums, flip a few midpoints either way: tests/golden/gen_client_golden.py,
  * lua.client_golden). */
-#include "quant_internal.h"
+#include "quant/quant_internal.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF

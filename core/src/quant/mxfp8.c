@@ -3,7 +3,7 @@
  * e = floor(log2 amax) - 8 is an option. Elements are scaled by 2^-e, clamped to ±448 (saturating). */
 #include <math.h>
 
-#include "quant_internal.h"
+#include "quant/quant_internal.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF

@@ -3,7 +3,7 @@
  * Fake quant is the same code with the dequantized value written instead of the packed code. */
 #include <math.h>
 
-#include "quant_internal.h"
+#include "quant/quant_internal.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF   /* every product and quotient is rounded to f32 on its own, as torch does */

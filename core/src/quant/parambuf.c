@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "nibble/parambuf.h"
-#include "quant_internal.h"
+#include "quant/quant_internal.h"
 
 enum { PB_ALIGN = 64 };
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_internal.h"
-#include "fast_internal.h"
+#include "quant/quant_internal.h"
+#include "cpu/fast_internal.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_internal.h"
+#include "quant/quant_internal.h"
 
 enum { ST_AMAX = 0, ST_BLOCK_AMAX = 1, ST_GLOBAL_AMAX = 2, ST_COUNT = 3 };
 static const char *const STATE_NAMES[ST_COUNT] = {"amax", "block_amax", "global_amax"};

@@ -1,5 +1,5 @@
-/* The qmodel's private layout, shared by ptq/qmodel.c (quantizers, calibration, fake quant) and
- * export/ (ModelOpt / compressed-tensors layouts, nibble checkpoints). */
+/* The qmodel's private layout, shared by qmodel/ (quantizers, calibration, fake quant, nibble checkpoints) and
+ * export/ (ModelOpt / compressed-tensors layouts, read-back). */
 #ifndef NIBBLE_QMODEL_INTERNAL_H
 #define NIBBLE_QMODEL_INTERNAL_H
 

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "fast_internal.h"
+#include "cpu/fast_internal.h"
 
 /* Bit-exactness needs every product and quotient rounded on its own: no contraction into FMA. */
 #if defined(__clang__)

@@ -14,7 +14,7 @@
 #include <strings.h>
 
 #include "nibble/blas.h"
-#include "blas_internal.h"
+#include "cpu/blas_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

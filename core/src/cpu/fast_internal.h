@@ -1,10 +1,10 @@
-/* Private interface of the fast quantizer paths (core/src/quant/fast_*.c): the AVX2 row functions,
+/* Private interface of the fast quantizer paths (core/src/cpu/fast_*.c): the AVX2 row functions,
  * the exact table-driven MXFP8 scale byte shared by the AVX2 path and the CUDA kernels, and the
  * bulk dtype helpers the drivers can use. Tests include it to call each path directly. */
 #ifndef NIBBLE_QUANT_FAST_INTERNAL_H
 #define NIBBLE_QUANT_FAST_INTERNAL_H
 
-#include "quant_internal.h"
+#include "quant/quant_internal.h"
 
 /* --- MXFP8 scale byte without libm ------------------------------------------------------------ */
 /* ModelOpt's ceil rule e = ceil(f32(log2(d))), d = f32(amax/448), is k or k+1 inside the binade

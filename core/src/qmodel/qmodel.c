@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "nibble/qmodel.h"
-#include "ptq/qmodel_internal.h"
+#include "qmodel/qmodel_internal.h"
 
 void nb_qspec_init(nb_qspec *s) {
     memset(s, 0, sizeof *s);
@@ -558,13 +558,4 @@ nb_status nb_qmodel_check(nb_ctx *ctx, const nb_qmodel *qm) {
         if (s) return s;
     }
     return NB_OK;
-}
-
-int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm) { return qm->n_skipped; }
-const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i) {
-    return (i >= 0 && i < qm->n_skipped) ? qm->skipped[i] : NULL;
-}
-int64_t nb_qmodel_export_nonfinite_count(const nb_qmodel *qm) { return qm->n_nonfinite; }
-const char *nb_qmodel_export_nonfinite(const nb_qmodel *qm, int64_t i) {
-    return (i >= 0 && i < qm->n_nonfinite) ? qm->nonfinite[i] : NULL;
 }

@@ -7,7 +7,7 @@
 
 #include "nibble/ops.h"
 #include "model/internal.h"
-#include "blas_internal.h"
+#include "cpu/blas_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>   /* _mm_getcsr / _mm_setcsr: the attention backward's FTZ/DAZ */

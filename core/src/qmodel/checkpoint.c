@@ -10,7 +10,7 @@
 
 #include "io/json_int.h"
 #include "nibble/safetensors.h"
-#include "ptq/qmodel_internal.h"
+#include "qmodel/qmodel_internal.h"
 
 enum { NB_CKPT_VERSION = 1 };
 

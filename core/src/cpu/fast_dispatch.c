@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fast_internal.h"
+#include "cpu/fast_internal.h"
 #include "nibble/quant_fast.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -4,10 +4,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "fast_internal.h"
+#include "cpu/fast_internal.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include "fast_x86.h"
+#include "cpu/fast_x86.h"
 
 /* ---- MXFP8 --------------------------------------------------------------------------------------- */
 

@@ -17,7 +17,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "fast_internal.h"
+#include "cpu/fast_internal.h"
 
 /* ---- NVFP4 threshold table (portable C: the reference's own arithmetic) ----------------------- */
 
@@ -73,7 +73,7 @@ void nbq_nv_table_build(float s2, nbq_nv_table *t) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-#include "fast_x86.h"   /* the scalar fallbacks this file shares with fast_avx2*.c */
+#include "cpu/fast_x86.h"   /* the scalar fallbacks this file shares with fast_avx2*.c */
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
