@@ -12,7 +12,8 @@
 --       [calib_seq_len=seq_len] [pack=true] [eos=true|false] [separator=TEXT] [text_field=NAME]
 --       [allow_long=true: seq_len beyond the model's max_position_embeddings]
 --       [overwrite=true: start again over out's checkpoints (removes them)]
--- Unknown keys and impossible settings are errors before any compute; --help prints this.
+-- Unknown keys and impossible settings are errors before any compute; --help prints this. The same run
+-- as a command: nibble qad --model PATH --data FILE --out DIR [--KEY VALUE ...] (the same keys).
 -- Example on stories260K (from the test data, ../shared/data): QAD brings the PTQ model from
 -- KLD 0.0941 / PPL 4.2412 to 0.0246 / 3.9911 (the original model: PPL 3.8666). Plain-text data is split
 -- into documents and marked as the model's tokenizer marks them (here BOS only):
@@ -25,77 +26,11 @@
 -- trained. Ctrl-C saves a checkpoint (in out-checkpoints unless checkpoint_dir) and exits with code 130;
 -- run again with resume=true to continue it bit for bit.
 local nibble = nibble or require("nibble")
-local recipe = nibble.recipe
+local settings = require("nibble.qad_settings")   -- the keys, their types and defaults (as `nibble qad`'s)
 
-return require("nibble.cli").program(function()
-  local a = recipe.args(arg, "qad.lua", {
-    "model", "teacher", "data", "out", "format", "algorithm", "calib", "calib_seq_len", "samples", "eval_data",
-    "steps", "lr", "min_lr", "warmup", "seq_len", "batch", "grad_accum", "clip", "weight_decay", "beta1", "beta2",
-    "eps", "kd", "topk", "topk_norm", "temperature", "t2", "lm_loss", "kd_loss_scale", "ignore_index", "sft_mask",
-    "recalibrate", "lr_scale_unquantized", "pack", "eos", "separator", "text_field", "layout", "metrics",
-    "checkpoint_every", "checkpoint_dir", "resume", "overwrite", "eval_every", "ctx", "chunks", "seed",
-    "allow_long", "dtype" })
+return require("nibble.util").program(function()
+  local a = nibble.recipe.args(arg, "qad.lua", settings.names())
   if not a then return nil end   -- --help
-  local format = recipe.check_preset(a.str("format", "nvfp4_w4a16"), "qad.lua")
-  local kds = { kl = true, reverse_kl = true, topk = true }
-  local kd = a.str("kd", "kl")
-  if not kds[kd] then error(("qad.lua: kd must be kl, reverse_kl or topk, got '%s'"):format(kd), 0) end
-  if a.given("topk") and kd ~= "topk" then
-    error(("qad.lua: topk=%s needs kd=topk (the KD loss over the teacher's top k)"):format(a.str("topk")), 0)
-  end
-  local steps = a.num("steps", 200)
-
-  return nibble.recipe {
-    extends = "units/" .. format,
-    model = { path = a.str("model"), teacher = a.str("teacher") },
-    algorithm = a.str("algorithm"),
-    seed = a.num("seed", 1),
-    calibration = {
-      -- formats that quantize activations calibrate on calib (default: the distillation data)
-      data = a.str("calib") or (recipe.presets[format].input and a.str("data")) or nil,
-      samples = a.num("samples", 128),
-      seq_len = a.num("calib_seq_len", a.num("seq_len", 512)),
-      random_offset = true,
-    },
-    distill = {
-      loss = kd == "topk" and "kl" or kd,
-      topk = kd == "topk" and a.num("topk", 64) or nil,
-      topk_norm = a.str("topk_norm"),
-      temperature = a.num("temperature", 1),
-      t2 = a.bool("t2"),
-      lm_loss = a.bool("lm_loss", false),
-      kd_loss_scale = a.num("kd_loss_scale"),
-      ignore_index = a.num("ignore_index"),
-      sft_mask = a.bool("sft_mask", true),
-      steps = steps,
-      lr = a.num("lr", 1e-5),
-      min_lr = a.num("min_lr", 0),   -- annealing to 0 recovers more than a floor on short runs (stories260K: 0.028 vs 0.032 KLD)
-      warmup = a.num("warmup", math.floor(steps / 20)),
-      batch = a.num("batch", 8),
-      seq_len = a.num("seq_len", 512),
-      grad_accum = a.num("grad_accum", 1),
-      clip = a.num("clip", 1.0),
-      weight_decay = a.num("weight_decay"),
-      beta1 = a.num("beta1"),
-      beta2 = a.num("beta2"),
-      eps = a.num("eps"),
-      data = a.str("data"),
-      pack = a.bool("pack"),
-      eos = a.bool("eos"),
-      separator = a.str("separator"),
-      text_field = a.str("text_field"),
-      eval_data = a.str("eval_data"),
-      eval_every = a.num("eval_every", 0),
-      checkpoint_every = a.num("checkpoint_every", 0),
-      checkpoint_dir = a.str("checkpoint_dir"),
-      resume = a.bool("resume", false),
-      overwrite = a.bool("overwrite", false),
-      allow_long = a.bool("allow_long", false),
-      recalibrate = a.num("recalibrate", 0),
-      lr_scale_unquantized = a.num("lr_scale_unquantized", 1),
-      metrics = a.str("metrics"),
-    },
-    eval = { ctx = a.num("ctx", 512), chunks = a.num("chunks", nil) },
-    export = { dir = a.str("out"), layout = a.str("layout", "modelopt"), dtype = a.str("dtype") },
-  }
+  local r = nibble.qad.recipe_of(settings.read(a.str, "qad.lua"), "qad.lua")
+  return r
 end)

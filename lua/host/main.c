@@ -261,7 +261,7 @@ static int exit_code(int status, int interrupted) {
 }
 
 /* Compile (chunk on the stack or error), then run with args. A file that returns a table (a
- * declarative recipe) is handed to nibble.recipe.execute(table, arg) when `recipes` is set. */
+ * declarative recipe) is handed to nibble.pipeline.execute(table, arg) when `recipes` is set. */
 static int run_chunk(lua_State *L, int load_status, const char *progname, const char *script, char **args,
                      int nargs, int recipes) {
     if (load_status) {
@@ -274,7 +274,7 @@ static int run_chunk(lua_State *L, int load_status, const char *progname, const 
     int status = nbh_docall(L, n, 1, &interrupted);
     if (!status && recipes && lua_istable(L, -1)) {
         lua_getglobal(L, "require");
-        lua_pushstring(L, "nibble.recipe");
+        lua_pushstring(L, "nibble.pipeline");
         status = nbh_docall(L, 1, 1, &interrupted);
         if (!status) {
             lua_getfield(L, -1, "execute");   /* table, module, execute */

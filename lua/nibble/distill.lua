@@ -9,6 +9,7 @@
 -- lm_loss, kd_loss_scale, ignore_index. The exact definitions are in core/include/nibble/distill.h.
 local ffi = require("ffi")
 local nibble = require("nibble")
+local S = require("nibble.qad_settings")
 local C, check, fail = nibble.C, nibble.check, nibble.fail
 
 local D = {}
@@ -21,13 +22,11 @@ local kd_kinds = {
 local norms = { renorm = C.NB_TOPK_RENORM, student_full = C.NB_TOPK_STUDENT_FULL, ghost = C.NB_TOPK_GHOST }
 D.kd_kinds, D.topk_norms = kd_kinds, norms
 
--- Keys this module reads, and the training-loop keys of a recipe's distill table it leaves alone.
-local loss_keys = { loss = true, temperature = true, t2 = true, topk = true, top_k = true, topk_norm = true,
-                    lm_loss = true, kd_loss_scale = true, ignore_index = true }
-local function other_keys()
-  local ok, recipe = pcall(require, "nibble.recipe")
-  return ok and type(recipe) == "table" and recipe.sub_schema and recipe.sub_schema.distill or {}
-end
+-- Keys this module reads (the loss rows of the QAD settings list), and the rest of a recipe's distill
+-- table (the training loop's), which it leaves alone.
+local loss_keys, distill_keys = {}, S.section("distill")
+for k, row in pairs(distill_keys) do if row.loss then loss_keys[k] = true end end
+local function other_keys() return distill_keys end
 -- keys of D.loss / chunk arguments that are tensors, not configuration
 local batch_keys = { student = true, teacher = true, topk_vals = true, topk_idx = true, topk_lse = true,
                      labels = true, weights = true, grad = true, cfg = true }
@@ -188,18 +187,160 @@ function D.topk(teacher, k, temperature, lse_dtype)
   return vals, idx, lse
 end
 
+-- ---- step-level API: loss objects and the student (nibble.qad re-exports them as qad.loss, qad.student, ...)
+
+-- Outputs of student:forward, weakly keyed: tensor -> {model, kind = "logits" | "hidden", layer}.
+local owners = setmetatable({}, { __mode = "k" })
+
+local Loss = {}
+Loss.__index = Loss
+
+-- objective(value [, grads]) (qad.loss): a loss object. grads maps tensors that student:forward returned (logits, hidden
+-- states) to d loss / d tensor (f32 tensors of the same shape).
+function D.objective(value, grads)
+  if type(value) ~= "number" then fail("qad.loss(value, grads): value must be a number") end
+  return setmetatable({ value = value, grads = grads or {} }, Loss)
+end
+function D.is_objective(x) return getmetatable(x) == Loss end
+
+local function scaled(g, k)
+  if k == 1 then return g end
+  return nibble.optim.accumulate(nibble.zeros("f32", g.shape), g, k)
+end
+
+local function combine(a, b, kb)
+  local out = D.objective(a.value + kb * b.value)
+  for t, g in pairs(a.grads) do out.grads[t] = g end
+  for t, g in pairs(b.grads) do
+    if out.grads[t] then
+      out.grads[t] = nibble.optim.accumulate(out.grads[t]:clone(), g, kb)
+    else
+      out.grads[t] = scaled(g, kb)
+    end
+  end
+  return out
+end
+
+local function as_loss(x)
+  if D.is_objective(x) then return x end
+  if type(x) == "number" then return D.objective(x) end
+  fail("loss arithmetic: expected a loss or a number, got " .. type(x))
+end
+
+Loss.__add = function(a, b) return combine(as_loss(a), as_loss(b), 1) end
+Loss.__sub = function(a, b) return combine(as_loss(a), as_loss(b), -1) end
+Loss.__unm = function(a) return combine(D.objective(0), a, -1) end
+Loss.__mul = function(a, b)
+  local k, l = a, b
+  if D.is_objective(a) then k, l = b, a end
+  if type(k) ~= "number" then fail("loss arithmetic: a loss can only be multiplied by a number") end
+  return combine(D.objective(0), l, k)
+end
+Loss.__div = function(a, b)
+  if type(b) ~= "number" then fail("loss arithmetic: a loss can only be divided by a number") end
+  return combine(D.objective(0), a, 1 / b)
+end
+Loss.__tostring = function(a) return ("qad.loss(%.6g)"):format(a.value) end
+
+-- backward(): every gradient goes to the model whose forward produced its tensor (student:forward);
+-- one model:backward per model, logits and hidden-state gradients together.
+function Loss:backward()
+  local per = {}
+  for t, g in pairs(self.grads) do
+    local o = owners[t]
+    if not o then
+      fail("loss:backward: a gradient is attached to a tensor that no student:forward returned (the teacher's?)")
+    end
+    local e = per[o.model]
+    if not e then
+      e = { hidden = {} }
+      per[o.model] = e
+    end
+    if o.kind == "logits" then
+      e.logits = e.logits and nibble.optim.accumulate(e.logits:clone(), g, 1) or g
+    else
+      local h = e.hidden[o.layer]
+      e.hidden[o.layer] = h and nibble.optim.accumulate(h:clone(), g, 1) or g
+    end
+  end
+  for model, e in pairs(per) do
+    model:backward(e.logits, next(e.hidden) and e.hidden or nil)
+  end
+  return self.value
+end
+
+-- kd(kind, student_logits, teacher_logits [, opts]): a distillation loss (kind "kl", "reverse_kl", "ce")
+-- with opts mask (u8/f32 weights [B, T] or [N]), labels (i32), temperature, t2, topk, lm_loss,
+-- kd_loss_scale. Returns the loss object and the result table {loss, kd, lm, tokens}.
+function D.kd(kind, s, t, opts)
+  opts = opts or {}
+  local a = { student = s, teacher = t, loss = kind, grad = true }
+  for k, v in pairs(opts) do
+    if k == "mask" then a.weights = v else a[k] = v end
+  end
+  if a.weights and not a.weights:is_contiguous() then a.weights = a.weights:contiguous() end
+  local r, g = D.loss(a)
+  return D.objective(r.loss, { [s] = g }), r
+end
+
+local Student = {}
+Student.__index = Student
+
+-- student(model [, qm]): the model whose forward outputs losses can flow back into (fake quant switched
+-- on when a qmodel is given).
+function D.student(model, qm)
+  if qm then qm:set_fake(true) end
+  return setmetatable({ model = model, qmodel = qm }, Student)
+end
+
+-- forward(tokens [, opts]): model:forward with train = true; opts.hidden = true also returns the hidden
+-- states. The returned tensors are registered so a loss on them can backward.
+function Student:forward(tokens, opts)
+  opts = opts or {}
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.train = true
+  local logits, hidden = self.model:forward(tokens, o)
+  if logits then owners[logits] = { model = self.model, kind = "logits" } end
+  for l, h in ipairs(hidden or {}) do owners[h] = { model = self.model, kind = "hidden", layer = l } end
+  return logits, hidden
+end
+
+-- params(): names, parameter tensors and (after a backward) gradient tensors of the trainable parameters.
+function Student:params()
+  local names, params, grads = {}, {}, {}
+  for _, n in ipairs(self.model:params()) do
+    names[#names + 1] = n
+    params[#params + 1] = self.model:param(n)
+  end
+  return names, params, grads
+end
+
+function Student:grads(names)
+  local g = {}
+  for i, n in ipairs(names) do g[i] = self.model:grad(n) or false end
+  return g
+end
+
+function Student:zero_grad() self.model:zero_grad() end
+
 -- ---- differentiable forms (step-level QAD pipelines) -------------------------------------------------
 -- kl(student_logits, teacher_logits [, opts]), reverse_kl(...), ce(student_logits, labels [, opts]): a
 -- nibble.qad loss object (.value, :backward(), + - * / with numbers) whose gradient flows into the tensor
 -- student:forward returned, and the result table {loss, kd, lm, tokens}. opts: mask (weights [B, T] or
 -- [N]), labels, and the config keys above (temperature, t2, topk, lm_loss, kd_loss_scale, ...).
-function D.kl(s, t, opts) return require("nibble.qad").kd("kl", s, t, opts) end
-function D.reverse_kl(s, t, opts) return require("nibble.qad").kd("reverse_kl", s, t, opts) end
+function D.kl(s, t, opts) return D.kd("kl", s, t, opts) end
+function D.reverse_kl(s, t, opts) return D.kd("reverse_kl", s, t, opts) end
 function D.ce(s, labels, opts)
   local o = {}
   for k, v in pairs(opts or {}) do o[k] = v end
   o.labels = labels
-  return require("nibble.qad").kd("ce", s, nil, o)
+  return D.kd("ce", s, nil, o)
+end
+
+-- Loops that end in C calls which may run Lua hooks must not be compiled.
+for _, f in ipairs({ Student.forward, Loss.backward }) do
+  if jit and jit.off then jit.off(f, true) end
 end
 
 return D

@@ -350,6 +350,16 @@ function M.apply(qm, plan)
   return n
 end
 
+-- check_context(cfg, n, what, allow_long): refuse n tokens (a seq_len, an eval ctx) beyond the model's
+-- max_position_embeddings (cfg from nibble.model.read_config), unless allow_long.
+function M.check_context(cfg, n, what, allow_long)
+  local maxpos = tonumber(cfg.max_position) or 0
+  if n and maxpos > 0 and n > maxpos and not allow_long then
+    error(("%s %d is more than the model's max_position_embeddings %d (allow_long=true runs it anyway)")
+      :format(what, n, maxpos), 0)
+  end
+end
+
 -- check_seq_len(r, plan, cfg): calibration rows of calibration.seq_len tokens beyond the model's
 -- max_position_embeddings (cfg: nibble.model.read_config's) are refused unless calibration.allow_long
 -- (or distill.allow_long, which QAD's calibration follows), as eval and generate refuse such a context;
@@ -361,7 +371,7 @@ local function check_seq_len(r, plan, cfg)
   end
   if not needs_data then return end
   local c, d = r.calibration or {}, r.distill or {}
-  require("nibble.qad_guard").check_context(cfg, tonumber(c.seq_len) or calib_defaults.seq_len, "calibration: seq_len",
+  M.check_context(cfg, tonumber(c.seq_len) or calib_defaults.seq_len, "calibration: seq_len",
     c.allow_long == true or d.allow_long == true)
 end
 

@@ -15,8 +15,10 @@ local ffi = require("ffi")
 local nibble = require("nibble")
 local C, check, fail = nibble.C, nibble.check, nibble.fail
 
+local D = require("nibble.distill")
 local G = require("nibble.qad_guard")
-local num, bool, gnum, loader_defaults = G.num, G.bool, G.gnum, G.loader_defaults
+local S = require("nibble.qad_settings")
+local num, gnum, loader_defaults = G.num, G.gnum, G.loader_defaults
 
 local Q = {}
 
@@ -24,17 +26,17 @@ local Q = {}
 -- match, its checkpoints and metrics) is nibble.qad_guard; its public names stay reachable from here.
 for _, k in ipairs { "preflight", "check_out", "resume_settings", "check_checkpoints", "start_checkpoints",
                      "cut_metrics", "step0_eval", "check_context", "model_identity", "file_identity", "hash",
-                     "loss_text", "gnum" } do
+                     "loss_text", "gnum", "latest", "lock" } do
   Q[k] = G[k]
 end
 
 local function ctx() return nibble.context() end
 
-local function now() return require("nibble.ptq").now() end
-local function hms(s) return require("nibble.ptq").hms(s) end
-local function logger(quiet) return require("nibble.ptq").logger(quiet) end
-
-local function model_ptr(m) return require("nibble.qmodel").model_ptr(m) end
+local ptq = require("nibble.ptq")
+local recipe = require("nibble.recipe")
+local qmodel = require("nibble.qmodel")
+local now, hms, logger = ptq.now, ptq.hms, ptq.logger
+local model_ptr = qmodel.model_ptr
 
 local function qmodel_ptr(qm)
   local p = type(qm) == "table" and rawget(qm, "_p") or nil
@@ -44,11 +46,9 @@ end
 
 -- ---- configuration ------------------------------------------------------------------------------------
 
-local loss_keys = { loss = true, temperature = true, t2 = true, topk = true, top_k = true, topk_norm = true,
-                    lm_loss = true, kd_loss_scale = true, ignore_index = true }
-local train_keys = { steps = true, lr = true, min_lr = true, warmup = true, grad_accum = true, clip = true,
-                     weight_decay = true, sft_mask = true, recalibrate = true, beta1 = true, beta2 = true, eps = true,
-                     lr_scale_unquantized = true }
+-- config(t [, algorithm]) is nibble.qad_guard.config: the nb_qad_cfg of a recipe's distill table, every
+-- key checked against the one list of QAD settings (nibble.qad_settings).
+Q.config = G.config
 
 -- libnibble's own settings message with readable numbers ("lr: the checkpoint has 0.0003, ...").
 local function readable(msg)
@@ -57,72 +57,40 @@ local function readable(msg)
   end))
 end
 
--- config(t [, algorithm]): an nb_qad_cfg from a recipe's distill table (loss keys as nibble.distill.config;
--- steps, lr, min_lr, warmup, grad_accum, clip, weight_decay, sft_mask, recalibrate = N steps (false/0: scales
--- frozen), beta1, beta2, eps, lr_scale_unquantized = the lr multiplier of the parameters no weight quantizer
--- covers: embeddings, norms, layers left in full precision). algorithm: the calibration method recalibrate
--- re-runs (default "max").
-function Q.config(t, algorithm)
-  if ffi.istype("nb_qad_cfg", t) then return t end
-  t = t or {}
-  if type(t) ~= "table" then fail("qad.config: expected the recipe's distill table") end
-  local schema = require("nibble.recipe").sub_schema.distill or {}
-  for k in pairs(t) do
-    if not loss_keys[k] and not train_keys[k] and not schema[k] then
-      local names = {}
-      for n in pairs(schema) do names[#names + 1] = n end
-      table.sort(names)
-      fail(("distill: unknown key '%s'%s"):format(tostring(k),
-        require("nibble.recipe").did_you_mean(tostring(k), names)))
+-- recipe_of(v [, where [, spell]]): the QAD recipe of the command's values (nibble.qad_settings.read:
+-- `nibble qad --key V`, `nibble run recipes/qad.lua key=V`): units/FORMAT with every row's value at its
+-- recipe key; kd = topk is KL over the teacher's top k (topk, default 64); formats that quantize
+-- activations calibrate on calib, else on data. where prefixes messages; spell(k, v) names a key as
+-- the user gave it ("topk=5", "--topk 5").
+function Q.recipe_of(v, where, spell)
+  local pre = where and (where .. ": ") or ""
+  spell = spell or function(k, x) return k .. "=" .. tostring(x) end
+  local format = recipe.check_preset(v.format, where or "--format")
+  if v.topk ~= nil and v.kd ~= "topk" then
+    error(("%s%s needs %s (the KD loss over the teacher's top k)"):format(pre, spell("topk", v.topk), spell("kd", "topk")), 0)
+  end
+  local r = { extends = "units/" .. format }
+  for _, s in ipairs(S.list) do
+    if s.name and s.key and v[s.name] ~= nil then
+      local t, path = r, {}
+      for part in s.key:gmatch("[^%.]+") do path[#path + 1] = part end
+      for i = 1, #path - 1 do
+        t[path[i]] = t[path[i]] or {}
+        t = t[path[i]]
+      end
+      t[path[#path]] = v[s.name]
     end
   end
-  local c = ffi.new("nb_qad_cfg")
-  C.nb_qad_cfg_init(c)
-  local lt = {}
-  for k in pairs(loss_keys) do lt[k] = t[k] end
-  if lt.loss == "topk" then lt.loss = "kl"; lt.topk = lt.topk or 64 end
-  if type(lt.temperature) == "string" then lt.temperature = tonumber(lt.temperature) end
-  if type(lt.temperature) == "number" and not (lt.temperature > 0 and lt.temperature < math.huge) then
-    fail(("distill: temperature must be > 0, got %s"):format(tostring(lt.temperature)))
-  end
-  for _, k in ipairs { "kd_loss_scale", "ignore_index" } do
-    if type(lt[k]) == "string" and tonumber(lt[k]) then lt[k] = tonumber(lt[k]) end
-  end
-  if lt.kd_loss_scale ~= nil then num(lt, "kd_loss_scale", "distill", false, 0) end
-  if lt.ignore_index ~= nil then num(lt, "ignore_index", "distill", true) end
-  lt.lm_loss = bool(lt.lm_loss, "distill", "lm_loss")
-  lt.t2 = bool(lt.t2, "distill", "t2")
-  c.loss = nibble.distill.config(lt)
-  local w = "distill"
-  c.steps = num(t, "steps", w, true, 1) or c.steps
-  c.lr = num(t, "lr", w, false, 0) or c.lr
-  c.min_lr = num(t, "min_lr", w, false, 0) or c.min_lr
-  c.warmup = num(t, "warmup", w, true, 0) or c.warmup
-  c.grad_accum = num(t, "grad_accum", w, true, 1) or c.grad_accum
-  c.clip = num(t, "clip", w) or c.clip
-  c.weight_decay = num(t, "weight_decay", w, false, 0) or c.weight_decay
-  c.beta1 = num(t, "beta1", w) or c.beta1
-  c.beta2 = num(t, "beta2", w) or c.beta2
-  c.eps = num(t, "eps", w) or c.eps
-  c.lr_scale_unquantized = num(t, "lr_scale_unquantized", w, false, 0) or c.lr_scale_unquantized
-  if c.min_lr > c.lr then
-    fail(("distill: min_lr %s is above lr %s (the cosine goes from lr down to min_lr)"):format(gnum(c.min_lr),
-      gnum(c.lr)))
-  end
-  if c.warmup > c.steps then
-    fail(("distill: warmup %d is more than steps %d"):format(tonumber(c.warmup), tonumber(c.steps)))
-  end
-  num(t, "batch", w, true, 1)     -- the loader's (qad.loader), checked here with the rest
-  num(t, "seq_len", w, true, 1)
-  local sm = bool(t.sft_mask, w, "sft_mask")
-  if sm ~= nil then c.sft_mask = sm and 1 or 0 end
-  local rc = t.recalibrate
-  if rc ~= nil and rc ~= false then
-    if rc == true then fail("distill: recalibrate must be a number of steps (recalibrate every N steps) or false") end
-    c.recalibrate = num(t, "recalibrate", w, true, 0)
-    c.recalib = require("nibble.qmodel").calib_config(algorithm or "max")
-  end
-  return c
+  r.calibration = r.calibration or {}
+  r.calibration.random_offset = true
+  -- formats that quantize activations calibrate on calib (default: the distillation data)
+  if not r.calibration.data and recipe.presets[format].input then r.calibration.data = v.data end
+  r.distill = r.distill or {}
+  if v.kd == "topk" then r.distill.loss, r.distill.topk = "kl", v.topk or 64 end
+  r.eval = r.eval or {}
+  r.export = r.export or {}
+  recipe.new(r, 3)   -- found relative to the caller's file (recipes/qad.lua: its units/)
+  return r
 end
 
 -- ---- the C run ------------------------------------------------------------------------------------------
@@ -219,32 +187,6 @@ function Run:restore(dir)
   return self:step_count()
 end
 
--- lock(dir): one run per checkpoint folder (flock on dir.nibble-lock, created with dir's parent when
--- missing); an error naming dir and the other process's pid when one holds it. Returns a handle with
--- :release() (also released by the GC, and with the process).
-function Q.lock(dir)
-  local out = ffi.new("nb_qad_lock *[1]")
-  local s = C.nb_qad_lock_dir(ctx(), dir, out)
-  if s ~= 0 then
-    local msg = ffi.string(C.nb_ctx_last_error(ctx()))
-    C.nb_ctx_clear_error(ctx())
-    error(msg, 0)
-  end
-  local h = ffi.gc(out[0], C.nb_qad_unlock_dir)
-  return { release = function() if h ~= nil then ffi.gc(h, nil); C.nb_qad_unlock_dir(h); h = nil end end }
-end
-
--- latest(dir): path of the checkpoint a resume continues from (the newest complete one), or nil.
-function Q.latest(dir)
-  local buf = ffi.new("char[4096]")
-  local s = C.nb_qad_latest(ctx(), dir, buf, 4096)
-  if s ~= 0 then
-    C.nb_ctx_clear_error(ctx())
-    return nil
-  end
-  return ffi.string(buf)
-end
-
 function Run:free()
   local p = rawget(self, "_p")
   if p ~= nil then
@@ -253,142 +195,9 @@ function Run:free()
   end
 end
 
--- ---- step-level API: losses and the student -------------------------------------------------------------
+-- ---- step-level API: losses and the student (nibble.distill's differentiable forms) -----------------
 
--- Outputs of student:forward, weakly keyed: tensor -> {model, kind = "logits" | "hidden", layer}.
-local owners = setmetatable({}, { __mode = "k" })
-
-local Loss = {}
-Loss.__index = Loss
-
--- loss(value [, grads]): a loss object. grads maps tensors that student:forward returned (logits, hidden
--- states) to d loss / d tensor (f32 tensors of the same shape).
-function Q.loss(value, grads)
-  if type(value) ~= "number" then fail("qad.loss(value, grads): value must be a number") end
-  return setmetatable({ value = value, grads = grads or {} }, Loss)
-end
-function Q.is_loss(x) return getmetatable(x) == Loss end
-
-local function scaled(g, k)
-  if k == 1 then return g end
-  return nibble.optim.accumulate(nibble.zeros("f32", g.shape), g, k)
-end
-
-local function combine(a, b, kb)
-  local out = Q.loss(a.value + kb * b.value)
-  for t, g in pairs(a.grads) do out.grads[t] = g end
-  for t, g in pairs(b.grads) do
-    if out.grads[t] then
-      out.grads[t] = nibble.optim.accumulate(out.grads[t]:clone(), g, kb)
-    else
-      out.grads[t] = scaled(g, kb)
-    end
-  end
-  return out
-end
-
-local function as_loss(x)
-  if Q.is_loss(x) then return x end
-  if type(x) == "number" then return Q.loss(x) end
-  fail("loss arithmetic: expected a loss or a number, got " .. type(x))
-end
-
-Loss.__add = function(a, b) return combine(as_loss(a), as_loss(b), 1) end
-Loss.__sub = function(a, b) return combine(as_loss(a), as_loss(b), -1) end
-Loss.__unm = function(a) return combine(Q.loss(0), a, -1) end
-Loss.__mul = function(a, b)
-  local k, l = a, b
-  if Q.is_loss(a) then k, l = b, a end
-  if type(k) ~= "number" then fail("loss arithmetic: a loss can only be multiplied by a number") end
-  return combine(Q.loss(0), l, k)
-end
-Loss.__div = function(a, b)
-  if type(b) ~= "number" then fail("loss arithmetic: a loss can only be divided by a number") end
-  return combine(Q.loss(0), a, 1 / b)
-end
-Loss.__tostring = function(a) return ("qad.loss(%.6g)"):format(a.value) end
-
--- backward(): every gradient goes to the model whose forward produced its tensor (student:forward);
--- one model:backward per model, logits and hidden-state gradients together.
-function Loss:backward()
-  local per = {}
-  for t, g in pairs(self.grads) do
-    local o = owners[t]
-    if not o then
-      fail("loss:backward: a gradient is attached to a tensor that no student:forward returned (the teacher's?)")
-    end
-    local e = per[o.model]
-    if not e then
-      e = { hidden = {} }
-      per[o.model] = e
-    end
-    if o.kind == "logits" then
-      e.logits = e.logits and nibble.optim.accumulate(e.logits:clone(), g, 1) or g
-    else
-      local h = e.hidden[o.layer]
-      e.hidden[o.layer] = h and nibble.optim.accumulate(h:clone(), g, 1) or g
-    end
-  end
-  for model, e in pairs(per) do
-    model:backward(e.logits, next(e.hidden) and e.hidden or nil)
-  end
-  return self.value
-end
-
--- kd(kind, student_logits, teacher_logits [, opts]): a distillation loss (kind "kl", "reverse_kl", "ce")
--- with opts mask (u8/f32 weights [B, T] or [N]), labels (i32), temperature, t2, topk, lm_loss,
--- kd_loss_scale. Returns the loss object and the result table {loss, kd, lm, tokens}.
-function Q.kd(kind, s, t, opts)
-  opts = opts or {}
-  local a = { student = s, teacher = t, loss = kind, grad = true }
-  for k, v in pairs(opts) do
-    if k == "mask" then a.weights = v else a[k] = v end
-  end
-  if a.weights and not a.weights:is_contiguous() then a.weights = a.weights:contiguous() end
-  local r, g = nibble.distill.loss(a)
-  return Q.loss(r.loss, { [s] = g }), r
-end
-
-local Student = {}
-Student.__index = Student
-
--- student(model [, qm]): the model whose forward outputs losses can flow back into (fake quant switched
--- on when a qmodel is given).
-function Q.student(model, qm)
-  if qm then qm:set_fake(true) end
-  return setmetatable({ model = model, qmodel = qm }, Student)
-end
-
--- forward(tokens [, opts]): model:forward with train = true; opts.hidden = true also returns the hidden
--- states. The returned tensors are registered so a loss on them can backward.
-function Student:forward(tokens, opts)
-  opts = opts or {}
-  local o = {}
-  for k, v in pairs(opts) do o[k] = v end
-  o.train = true
-  local logits, hidden = self.model:forward(tokens, o)
-  if logits then owners[logits] = { model = self.model, kind = "logits" } end
-  for l, h in ipairs(hidden or {}) do owners[h] = { model = self.model, kind = "hidden", layer = l } end
-  return logits, hidden
-end
-
--- params(): names, parameter tensors and (after a backward) gradient tensors of the trainable parameters.
-function Student:params()
-  local names, params, grads = {}, {}, {}
-  for _, n in ipairs(self.model:params()) do
-    names[#names + 1] = n
-    params[#params + 1] = self.model:param(n)
-  end
-  return names, params, grads
-end
-
-function Student:grads(names)
-  local g = {}
-  for i, n in ipairs(names) do g[i] = self.model:grad(n) or false end
-  return g
-end
-
-function Student:zero_grad() self.model:zero_grad() end
+Q.loss, Q.is_loss, Q.kd, Q.student = D.objective, D.is_objective, D.kd, D.student
 
 -- ---- metrics and progress -------------------------------------------------------------------------------
 
@@ -423,7 +232,7 @@ function Q.json_line(t)
   return "{" .. table.concat(parts, ", ") .. "}"
 end
 
-local function isatty(fd) return require("nibble.ptq").isatty(fd) end
+local isatty = ptq.isatty
 Q.isatty = isatty
 
 -- progress(total, opts): a function(m) drawing "qad: step 12/200 [####......] loss ... tok/s ETA" on
@@ -693,7 +502,6 @@ end
 -- metrics, export_dir, seconds, steps}.
 function Q.run(r, args, opts)
   opts = opts or {}
-  local ptq = require("nibble.ptq")
   local log = logger(opts.quiet)
   local t_start = now()
   r = ptq.prepare(r, args)
@@ -797,7 +605,7 @@ function Q.run(r, args, opts)
   result.skipped, result.nonfinite = qm:export(export.dir, { layout = export.layout or "modelopt",
                                            allow_uncalibrated = r.allow_uncalibrated, allow_nonfinite = r.allow_nonfinite,
                                            max_shard_size = export.max_shard_size, dtype = export.dtype })
-  require("nibble.ptq").report_nonfinite(result.nonfinite)
+  ptq.report_nonfinite(result.nonfinite)
   result.export_dir = export.dir
   log("export: %s (%s layout) in %.1f s", export.dir, export.layout or "modelopt", now() - t0)
   if eval_tokens and not opts.quiet then
@@ -812,7 +620,7 @@ function Q.run(r, args, opts)
 end
 
 -- Loops that end in C calls which may run Lua hooks must not be compiled.
-for _, f in ipairs({ Q.run, Q.train, Q.sample_batch, Q.teacher_samples, Run.step, Run.micro_step, Student.forward, Loss.backward }) do
+for _, f in ipairs({ Q.run, Q.train, Q.sample_batch, Q.teacher_samples, Run.step, Run.micro_step }) do
   if jit and jit.off then jit.off(f, true) end
 end
 

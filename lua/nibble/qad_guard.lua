@@ -5,20 +5,28 @@
 -- qad.latest at call time, so either module can be required first.
 local ffi = require("ffi")
 local nibble = require("nibble")
+local S = require("nibble.qad_settings")
+local util = require("nibble.util")
+local ptq = require("nibble.ptq")
+local qmodel = require("nibble.qmodel")
 local C, fail = nibble.C, nibble.fail
+local function ctx() return nibble.context() end
 
 local G = {}
 
 -- ---- recipe values (shared with nibble.qad) ---------------------------------------------------------------
 
--- num(t, k, what [, int [, min]]): t[k] as a number (a numeric string reads as one), nil when absent;
--- anything else is "<what>: <k> must be ..." (a number, a whole number, >= min).
-local function num(t, k, what, int, min)
+-- num(t, k, what [, int [, min [, above]]]): t[k] as a number (a numeric string reads as one), nil when
+-- absent; anything else is "<what>: <k> must be ..." (a number, a whole number, >= min; > min with above).
+local function num(t, k, what, int, min, above)
   local v = t[k]
   if v == nil then return nil end
   if type(v) == "string" and tonumber(v) then v = tonumber(v) end
   if type(v) ~= "number" or v ~= v then fail(("%s: %s must be a number, got %s"):format(what, k, tostring(v))) end
   if int and v % 1 ~= 0 then fail(("%s: %s must be a whole number, got %s"):format(what, k, tostring(v))) end
+  if min and above and not (v > min and v < math.huge) then
+    fail(("%s: %s must be > %s, got %s"):format(what, k, tostring(min), tostring(v)))
+  end
   if min and v < min then fail(("%s: %s must be >= %s, got %s"):format(what, k, tostring(min), tostring(v))) end
   return v
 end
@@ -46,6 +54,100 @@ G.num, G.bool, G.gnum = num, bool, gnum
 -- the settings a resume compares, which must agree with it.
 local loader_defaults = { seq_len = 512, batch = 8 }
 G.loader_defaults = loader_defaults
+
+-- ---- the training settings: nb_qad_cfg from a recipe's distill table ---------------------------------
+
+-- config(t [, algorithm]): an nb_qad_cfg from a recipe's distill table, every key and value checked
+-- against the one list of QAD settings (nibble.qad_settings: its type, least value, nb_qad_cfg field):
+-- the loss keys through nibble.distill.config; recalibrate = N steps (false/0: scales frozen) re-runs
+-- the calibration method `algorithm` (default "max"). A key out of the list is an error with a
+-- did-you-mean; the loader's keys (batch, seq_len) are checked here with the rest.
+function G.config(t, algorithm)
+  if ffi.istype("nb_qad_cfg", t) then return t end
+  t = t or {}
+  if type(t) ~= "table" then fail("qad.config: expected the recipe's distill table") end
+  local rows = S.section("distill")
+  for k in pairs(t) do
+    if not rows[k] then
+      fail(("distill: unknown key '%s'%s"):format(tostring(k), util.did_you_mean(tostring(k), util.keys_of(rows))))
+    end
+  end
+  local c = ffi.new("nb_qad_cfg")
+  C.nb_qad_cfg_init(c)
+  local w = "distill"
+  -- the loss: its numbers checked here (a numeric string reads as one), its names by nibble.distill
+  local lt = {}
+  for k, s in pairs(rows) do
+    if s.loss then
+      lt[k] = t[k]
+      if s.type == "bool" then
+        lt[k] = bool(t[k], w, k)
+      elseif (s.type == "number" or s.type == "int") and k ~= "topk" and k ~= "top_k" then
+        lt[k] = num(t, k, w, s.type == "int", s.min, s.above)
+      end
+    end
+  end
+  if lt.loss == "topk" then lt.loss = "kl"; lt.topk = lt.topk or 64 end
+  c.loss = nibble.distill.config(lt)
+  -- the run: every row with an nb_qad_cfg field of its own, in list order
+  for _, s in ipairs(S.list) do
+    local k = s.key and s.key:match("^distill%.([%w_]+)$")
+    if k and s.cfg and not s.loss then
+      if s.type == "bool" then
+        local b = bool(t[k], w, k)
+        if b ~= nil then c[s.cfg] = b and 1 or 0 end
+      elseif k == "recalibrate" then
+        local rc = t.recalibrate
+        if rc ~= nil and rc ~= false then
+          if rc == true then fail("distill: recalibrate must be a number of steps (recalibrate every N steps) or false") end
+          c.recalibrate = num(t, "recalibrate", w, true, 0)
+          c.recalib = qmodel.calib_config(algorithm or "max")
+        end
+      else
+        local x = num(t, k, w, s.type == "int", s.min, s.above)
+        if x ~= nil then c[s.cfg] = x end
+      end
+    elseif k and s.type == "int" and not s.loss then
+      num(t, k, w, true, s.min)   -- the loader's and the run's own (batch, seq_len, checkpoint_every, ...)
+    end
+  end
+  if c.min_lr > c.lr then
+    fail(("distill: min_lr %s is above lr %s (the cosine goes from lr down to min_lr)"):format(gnum(c.min_lr),
+      gnum(c.lr)))
+  end
+  if c.warmup > c.steps then
+    fail(("distill: warmup %d is more than steps %d"):format(tonumber(c.warmup), tonumber(c.steps)))
+  end
+  return c
+end
+
+-- ---- checkpoint folders ----------------------------------------------------------------------------
+
+-- lock(dir): one run per checkpoint folder (flock on dir.nibble-lock, created with dir's parent when
+-- missing); an error naming dir and the other process's pid when one holds it. Returns a handle with
+-- :release() (also released by the GC, and with the process).
+function G.lock(dir)
+  local out = ffi.new("nb_qad_lock *[1]")
+  local s = C.nb_qad_lock_dir(ctx(), dir, out)
+  if s ~= 0 then
+    local msg = ffi.string(C.nb_ctx_last_error(ctx()))
+    C.nb_ctx_clear_error(ctx())
+    error(msg, 0)
+  end
+  local h = ffi.gc(out[0], C.nb_qad_unlock_dir)
+  return { release = function() if h ~= nil then ffi.gc(h, nil); C.nb_qad_unlock_dir(h); h = nil end end }
+end
+
+-- latest(dir): path of the checkpoint a resume continues from (the newest complete one), or nil.
+function G.latest(dir)
+  local buf = ffi.new("char[4096]")
+  local s = C.nb_qad_latest(ctx(), dir, buf, 4096)
+  if s ~= 0 then
+    C.nb_ctx_clear_error(ctx())
+    return nil
+  end
+  return ffi.string(buf)
+end
 
 -- ---- the metrics file across a resume ---------------------------------------------------------------
 
@@ -161,18 +263,11 @@ function G.hash(s) return hex(fnv(14695981039346656037ULL, s)) end
 
 -- ---- checks before any compute ---------------------------------------------------------------------------
 
--- check_context(cfg, n, what, allow_long): refuse n tokens (a seq_len, an eval ctx) beyond the model's
--- max_position_embeddings (cfg from nibble.model.read_config), unless allow_long.
-function G.check_context(cfg, n, what, allow_long)
-  local maxpos = tonumber(cfg.max_position) or 0
-  if n and maxpos > 0 and n > maxpos and not allow_long then
-    error(("%s %d is more than the model's max_position_embeddings %d (allow_long=true runs it anyway)")
-      :format(what, n, maxpos), 0)
-  end
-end
+-- check_context(cfg, n, what, allow_long): nibble.ptq's (PTQ calibration checks it too).
+G.check_context = ptq.check_context
 
--- "file", "dir" or nil, error (missing or unreadable): the sub-commands' test (nibble.cli.path_kind).
-local function kind_of(p) return require("nibble.cli").path_kind(p) end
+-- "file", "dir" or nil, error (missing or unreadable): the sub-commands' test (nibble.util.path_kind).
+local kind_of = util.path_kind
 
 local function parent_of(p)
   p = p:gsub("/+$", "")
@@ -283,6 +378,17 @@ function G.loss_text(cfg)
   return s
 end
 
+-- cfg_value(cfg, row): the nb_qad_cfg field of a row of the settings list ("loss.temperature"), as the
+-- run-settings record says it: the loss kind and top-k norm in words, flags as booleans, numbers.
+local function cfg_value(cfg, row)
+  local v = cfg
+  for part in row.cfg:gmatch("[^%.]+") do v = v[part] end
+  if row.cfg == "loss.kd" then return kd_names[tonumber(v)] end
+  if row.cfg == "loss.topk_norm" then return norm_names[tonumber(v)] end
+  if row.type == "bool" then return v ~= 0 end
+  return tonumber(v)
+end
+
 -- The settings a resumed run must share with its checkpoints beyond those libnibble checks (it checks
 -- the loss, schedule and optimizer; the student it restores carries its quantizers, so a changed format
 -- would silently not apply): the models, the quantization plan, calibration, data and seed, and the
@@ -322,24 +428,17 @@ local function run_settings(r, cfg, plan, needs_calib, tpath, mpath, data_key)
     for i, p in ipairs(data) do ids[i] = file_identity(p) or "-" end
     add("data", table.concat(ids, ","), table.concat(data, ","))
   end
-  add("seq_len", tonumber(d.seq_len) or loader_defaults.seq_len)
-  add("batch", tonumber(d.batch) or loader_defaults.batch)
-  add("seed", tonumber(d.seed or r.seed or 0))
-  for _, k in ipairs { "pack", "eos", "separator", "text_field" } do add(k, d[k]) end
-  local l = cfg.loss
-  add("kd", kd_names[tonumber(l.kd)])
-  add("topk", l.top_k)
-  add("topk_norm", norm_names[tonumber(l.topk_norm)])
-  add("temperature", l.temperature)
-  add("t2", l.t2_scale ~= 0)
-  add("lm_loss", l.lm_loss ~= 0)
-  add("kd_loss_scale", l.kd_loss_scale)
-  add("ignore_index", l.ignore_index)
-  for _, k in ipairs { "steps", "lr", "min_lr", "warmup", "grad_accum", "clip", "weight_decay", "beta1", "beta2", "eps",
-                       "recalibrate", "lr_scale_unquantized" } do
-    add(k, tonumber(cfg[k]))
+  -- the loader's and the nb_qad_cfg's: the rows of the settings list a resume must share
+  for _, row in ipairs(S.list) do
+    local k = row.key and row.key:match("^distill%.([%w_]+)$")
+    if row.resume == "loader" then
+      add(row.name, (k == "seq_len" or k == "batch") and (tonumber(d[k]) or loader_defaults[k]) or d[k])
+    end
   end
-  add("sft_mask", cfg.sft_mask ~= 0)
+  add("seed", tonumber(d.seed or r.seed or 0))
+  for _, row in ipairs(S.list) do
+    if row.resume == "cfg" then add(row.name, cfg_value(cfg, row)) end
+  end
   return s
 end
 
@@ -424,7 +523,7 @@ end
 -- the latest checkpoint's path, or nil.
 function G.check_checkpoints(ckdir, settings, resume, overwrite)
   if resume and overwrite then error("qad: resume and overwrite exclude each other", 0) end
-  local latest = ckdir and require("nibble.qad").latest(ckdir) or nil
+  local latest = ckdir and G.latest(ckdir) or nil
   if latest and resume then
     local saved = read_settings(ckdir)
     local diff = saved and settings_diff(saved, settings)
@@ -469,7 +568,6 @@ end
 -- fresh run refuses them unless distill.overwrite; resume = true refuses one whose settings differ).
 -- Returns {config, plan, algorithm, checkpoint_dir, latest (checkpoint path or nil), settings}.
 local function preflight(r, opts)
-  local ptq = require("nibble.ptq")
   local d = r.distill
   if type(d) ~= "table" then error("recipe: QAD needs a distill section", 0) end
   local export = r.export or {}
@@ -477,7 +575,7 @@ local function preflight(r, opts)
   local tpath = (r.model and r.model.teacher) or mpath
   if not opts.model and not mpath then error("recipe: model.path is missing (the model to quantize; model=PATH)", 0) end
   if not opts.dry_run and not export.dir then error("recipe: export.dir is missing (out=DIR)", 0) end
-  local cfg = require("nibble.qad").config(d, r.algorithm)   -- every training key
+  local cfg = G.config(d, r.algorithm)   -- every training key
   if not d.data then
     error("recipe: distill.data is missing (the text QAD distils on: data=FILE; e.g. the calibration text)", 0)
   end
@@ -494,7 +592,7 @@ local function preflight(r, opts)
   local allow_long = bool(d.allow_long, "distill", "allow_long")
 
   -- the models' configs (no weights) and the plan
-  local read_config = require("nibble.model").read_config
+  local read_config = nibble.model.read_config
   local mcfg = (opts.model and opts.model.config) or read_config(mpath)
   local tcfg = (opts.teacher and opts.teacher.config) or (tpath ~= mpath and read_config(tpath)) or mcfg
   if tcfg.vocab_size ~= mcfg.vocab_size or tcfg.hidden_size ~= mcfg.hidden_size then

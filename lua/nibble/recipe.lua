@@ -3,6 +3,9 @@
 -- model's modules into a plan (each module's format, or the reason it is excluded).
 -- Pure Lua: no FFI here, so the matcher and validation are testable without a model.
 
+local U = require("nibble.util")
+local S = require("nibble.qad_settings")
+
 local M = {}
 
 ---------------------------------------------------------------------------------------------------
@@ -51,62 +54,18 @@ M.sub_schema = {
                   random_offset = true, seed = true, text_field = true, separator = true,
                   chat_template = true,  -- "auto" | "chatml" | "plain" | "model" (data.load)
                   allow_long = true },   -- seq_len beyond the model's max_position_embeddings
-  distill = { loss = true, temperature = true, t2 = true, topk = true, lm_loss = true, kd_loss_scale = true,
-              steps = true, lr = true, min_lr = true, warmup = true, batch = true, seq_len = true,
-              grad_accum = true, clip = true, weight_decay = true, sft_mask = true, data = true,
-              eval_data = true, eval_every = true, checkpoint_every = true, checkpoint_dir = true,
-              resume = true, recalibrate = true, metrics = true, seed = true,
-              -- AdamW's, the loss's finer knobs and the training data's reading (nibble.qad.config / loader)
-              beta1 = true, beta2 = true, eps = true, top_k = true, topk_norm = true, ignore_index = true,
-              lr_scale_unquantized = true,
-              text_field = true, separator = true, pack = true, eos = true, chat_template = true,
-              -- what nibble.qad.run refuses unless asked: seq_len beyond the model's max_position_embeddings,
-              -- a fresh run over a checkpoint_dir that holds checkpoints (overwrite removes them)
-              allow_long = true, overwrite = true },
+  -- the QAD settings' keys: one list (nibble.qad_settings) says them, with their types and ranges
+  distill = (function()
+    local t = {}
+    for k in pairs(S.section("distill")) do t[k] = true end
+    return t
+  end)(),
   export = { dir = true, layout = true, max_shard_size = true, dtype = true },
   eval = { data = true, ctx = true, chunks = true },
 }
 
-local function keys_of(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
+local keys_of, nearest, did_you_mean = U.keys_of, U.nearest, U.did_you_mean
 M.keys_of = keys_of   -- a table's keys, sorted (the "known: ..." lists of messages)
-
--- Levenshtein distance, for did-you-mean suggestions.
-local function distance(a, b)
-  local la, lb = #a, #b
-  local prev, cur = {}, {}
-  for j = 0, lb do prev[j] = j end
-  for i = 1, la do
-    cur[0] = i
-    for j = 1, lb do
-      local cost = (a:sub(i, i) == b:sub(j, j)) and 0 or 1
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-    end
-    prev, cur = cur, prev
-  end
-  return prev[lb]
-end
-
--- nearest(word, candidates): the closest candidate within a typo's distance (2 edits, or a third of
--- the word's length for long words), else nil.
-local function nearest(word, candidates)
-  local best, bd = nil, math.huge
-  for _, c in ipairs(candidates) do
-    local d = distance(word, c)
-    if d < bd then best, bd = c, d end
-  end
-  if best and bd <= math.max(2, math.floor(#word / 3)) then return best end
-  return nil
-end
-
-local function did_you_mean(word, candidates)
-  local best = nearest(word, candidates)
-  return best and string.format(" (did you mean '%s'?)", best) or ""
-end
 M.did_you_mean = did_you_mean
 
 -- check_preset(name, where): name when it is one of M.presets, else the error
@@ -311,7 +270,7 @@ end
 -- names([from_dir]): the names `extends` can find ("ptq", "units/nvfp4_w4a16", ...), for suggestions:
 -- the .lua files in the searched folders and their units/ folders (none when no folder can be listed).
 function M.names(from_dir)
-  local list = require("nibble.cli").listdir
+  local list = U.listdir
   local dirs, out, seen = {}, {}, {}
   if from_dir then dirs[#dirs + 1] = from_dir end
   for _, d in ipairs(M.search_path) do dirs[#dirs + 1] = d end
@@ -604,26 +563,12 @@ function M.format_plan(plan)
   return table.concat(lines, "\n")
 end
 
--- execute(r [, args]): what `nibble run FILE` does with a declarative recipe the file returned: a
--- recipe with `distill` is a QAD run (nibble.qad), otherwise PTQ (nibble.ptq). Returns the result.
--- Only recipes are run: tables made by nibble.recipe{...}, or with `extends` / `quantize`; a script
--- that returns some other table keeps it to itself (nil is returned).
--- Run by the host (`nibble run`), a user error (a bad request) ends the program with its message alone
--- (nibble.cli.program); called from Lua, errors are raised as usual.
-local function execute(r, args)
-  if type(r) ~= "table" then error("recipe: expected a recipe table, got " .. type(r), 0) end
-  if not tagged[r] and r.extends == nil and r.quantize == nil then return nil end
+-- execute(r [, args]): what `nibble run FILE` does with a recipe table is nibble.pipeline.execute (the
+-- top of the pipeline layer, which knows PTQ and QAD); recipe.tag(r) marks a table as a recipe for it.
+function M.tag(r)
+  local was = tagged[r] == true
   tagged[r] = true
-  if r.distill ~= nil then
-    local ok_path = package.searchpath("nibble.qad", package.path)
-    if not ok_path then error("recipe: this recipe has a distill section, but QAD (nibble.qad) is not available", 0) end
-    return require("nibble.qad").run(r, args)
-  end
-  return require("nibble.ptq").run(r, args)
-end
-
-function M.execute(r, args)
-  return require("nibble.cli").program(execute, r, args)
+  return was
 end
 
 setmetatable(M, { __call = function(_, t)

@@ -95,7 +95,7 @@ local function names(v, methods_only)
   end
   if v == package.loaded.nibble and not methods_only then
     for k in pairs(v.lazy_functions or {}) do add(k, 0) end
-    local list = require("nibble.cli").listdir
+    local list = require("nibble.util").listdir
     for template in package.path:gmatch("[^;]+") do
       local dir = template:match("^(.*)/%?%.lua$")
       for _, f in ipairs(dir and list(dir .. "/nibble") or {}) do

@@ -4,7 +4,7 @@
 local USAGE = [[
 usage: nibble run FILE [key=value ...] [ARGS ...]      (or: nibble FILE.lua ...)
   FILE is a Lua script, or a recipe: a file that returns nibble.recipe{...} (PTQ; QAD when it has a
-  distill section), run by nibble.recipe.execute. FILE - reads stdin. key=value arguments reach the
+  distill section), run by nibble.pipeline.execute. FILE - reads stdin. key=value arguments reach the
   file as arg.key (strings), the others as arg[1], arg[2], ...
   nibble run RECIPE --help prints a recipe's own keys (recipes/qad.lua, recipes/quickstart.lua); an
   unknown key, a bad value or an impossible request is refused before any compute.
