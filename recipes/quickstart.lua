@@ -135,7 +135,7 @@ return cli.program(function()
   for _, e in ipairs(dry.plan) do if e.preset and e.preset.input then needs_calib = true end end
   local settings = qad.resume_settings(dry.recipe, cfg, dry.plan, { model = path, teacher = path,
                                                                     needs_calib = needs_calib, data_key = key })
-  local latest = qad.check_checkpoints(ckdir, settings, resume, overwrite)
+  local latest = qad.check_checkpoints(ckdir, settings, resume, overwrite, cfg)
   if dry_run then
     print(("quickstart (dry run): %s -> PTQ %s -> QAD %d steps of %d x %d tokens at lr %s -> %s"):format(path, format,
       steps, batch, seq_len, qad.gnum(lr), out))

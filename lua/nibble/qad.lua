@@ -50,13 +50,6 @@ end
 -- key checked against the one list of QAD settings (nibble.qad_settings).
 Q.config = G.config
 
--- libnibble's own settings message with readable numbers ("lr: the checkpoint has 0.0003, ...").
-local function readable(msg)
-  return (tostring(msg):gsub("(the checkpoint has )([^,]+)(, this run )([^%)]+)", function(a, x, b, y)
-    return a .. (tonumber(x) and gnum(x) or x) .. b .. (tonumber(y) and gnum(y) or y)
-  end))
-end
-
 -- recipe_of(v [, where [, spell]]): the QAD recipe of the command's values (nibble.qad_settings.read:
 -- `nibble qad --key V`, `nibble run recipes/qad.lua key=V`): units/FORMAT with every row's value at its
 -- recipe key; kd = topk is KL over the teacher's top k (topk, default 64); formats that quantize
@@ -183,7 +176,7 @@ end)
 -- restore(dir): continue from dir/latest (an error when there is none or the settings differ).
 function Run:restore(dir)
   local ok, e = pcall(check, C.nb_qad_restore(ctx(), rp(self), dir))
-  if not ok then fail(readable(tostring(e):gsub("^[^\n]-:%d+: ", ""))) end
+  if not ok then fail(G.readable(tostring(e):gsub("^[^\n]-:%d+: ", ""))) end
   return self:step_count()
 end
 

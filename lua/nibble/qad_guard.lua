@@ -378,21 +378,29 @@ function G.loss_text(cfg)
   return s
 end
 
--- cfg_value(cfg, row): the nb_qad_cfg field of a row of the settings list ("loss.temperature"), as the
--- run-settings record says it: the loss kind and top-k norm in words, flags as booleans, numbers.
-local function cfg_value(cfg, row)
-  local v = cfg
-  for part in row.cfg:gmatch("[^%.]+") do v = v[part] end
-  if row.cfg == "loss.kd" then return kd_names[tonumber(v)] end
-  if row.cfg == "loss.topk_norm" then return norm_names[tonumber(v)] end
-  if row.type == "bool" then return v ~= 0 end
-  return tonumber(v)
+-- readable(msg): libnibble's settings message ("kd: the checkpoint has 0, this run 1") in the words of
+-- the settings list: the loss kind and top-k norm by name, flags as true / false, the shortest numbers
+-- ("lr: the checkpoint has 0.0003, this run 0.0001").
+function G.readable(msg)
+  return (tostring(msg):gsub("([%w_]+): the checkpoint has ([^,]+), this run ([^%)]+)", function(name, x, y)
+    local row = S.by_name[name]
+    local function word(v)
+      local n = tonumber(v)
+      if not n then return v end
+      if row and row.cfg == "loss.kd" then return kd_names[n] or v end
+      if row and row.cfg == "loss.topk_norm" then return norm_names[n] or v end
+      if row and row.type == "bool" then return tostring(n ~= 0) end
+      return gnum(n)
+    end
+    return ("%s: the checkpoint has %s, this run %s"):format(name, word(x), word(y))
+  end))
 end
 
--- The settings a resumed run must share with its checkpoints beyond those libnibble checks (it checks
--- the loss, schedule and optimizer; the student it restores carries its quantizers, so a changed format
--- would silently not apply): the models, the quantization plan, calibration, data and seed, and the
--- libnibble ones again, here before any compute and with readable numbers. A list of {key, value, shown}.
+-- The settings a resumed run must share with its checkpoints beyond those libnibble records in them (the
+-- settings list's "cfg" rows: loss, schedule, optimizer; compared before any compute by
+-- nb_qad_check_settings; the student it restores carries its quantizers, so a changed format would
+-- silently not apply): the models, the quantization plan, calibration, data, the loader and the seed.
+-- Recorded once, in run-settings.json. A list of {key, value, shown}.
 local function run_settings(r, cfg, plan, needs_calib, tpath, mpath, data_key)
   local s = {}
   local function add(k, v, shown)
@@ -428,7 +436,7 @@ local function run_settings(r, cfg, plan, needs_calib, tpath, mpath, data_key)
     for i, p in ipairs(data) do ids[i] = file_identity(p) or "-" end
     add("data", table.concat(ids, ","), table.concat(data, ","))
   end
-  -- the loader's and the nb_qad_cfg's: the rows of the settings list a resume must share
+  -- the loader's: the rows of the settings list a resume must share that libnibble does not record
   for _, row in ipairs(S.list) do
     local k = row.key and row.key:match("^distill%.([%w_]+)$")
     if row.resume == "loader" then
@@ -436,9 +444,6 @@ local function run_settings(r, cfg, plan, needs_calib, tpath, mpath, data_key)
     end
   end
   add("seed", tonumber(d.seed or r.seed or 0))
-  for _, row in ipairs(S.list) do
-    if row.resume == "cfg" then add(row.name, cfg_value(cfg, row)) end
-  end
   return s
 end
 
@@ -501,7 +506,11 @@ local function settings_diff(saved, now)
   for _, o in ipairs(saved) do
     local found = false
     for _, e in ipairs(now) do if e.key == o.key then found = true break end end
-    if not found then return ("%s: the checkpoint has %s, this run none"):format(o.key, o.value) end
+    -- a libnibble setting in a record an earlier version wrote: the checkpoint itself is compared
+    local row = S.by_name[o.key]
+    if not found and not (row and row.resume == "cfg") then
+      return ("%s: the checkpoint has %s, this run none"):format(o.key, o.value)
+    end
   end
   return nil
 end
@@ -517,16 +526,30 @@ function G.resume_settings(r, cfg, plan, o)
   return run_settings(r, cfg, plan, o.needs_calib, o.teacher, o.model, o.data_key)
 end
 
--- check_checkpoints(ckdir, settings, resume, overwrite): before any compute. resume = true with a
+-- cfg_diff(ckdir, cfg): the first of libnibble's recorded settings that the latest checkpoint in ckdir
+-- has otherwise than cfg (nb_qad_check_settings), readable, or nil; a checkpoint whose trainer state
+-- cannot be read is an error.
+local function cfg_diff(ckdir, cfg)
+  local c = ctx()
+  if C.nb_qad_check_settings(c, cfg, ckdir) == 0 then return nil end
+  local msg = ffi.string(C.nb_ctx_last_error(c))
+  C.nb_ctx_clear_error(c)
+  local d = msg:match("settings changed %((.*)%)$")
+  if not d then error(msg, 0) end
+  return G.readable(d)
+end
+
+-- check_checkpoints(ckdir, settings, resume, overwrite [, cfg]): before any compute. resume = true with a
 -- checkpoint whose run had other settings is an error naming the first ("format: the checkpoint has
--- nvfp4_w4a16, this run mxfp8"); a fresh run over checkpoints is an error unless overwrite. Returns
+-- nvfp4_w4a16, this run mxfp8"; with cfg, the nb_qad_cfg: "lr: the checkpoint has 0.0003, this run 0.0001"); a fresh run over checkpoints is an error unless overwrite. Returns
 -- the latest checkpoint's path, or nil.
-function G.check_checkpoints(ckdir, settings, resume, overwrite)
+function G.check_checkpoints(ckdir, settings, resume, overwrite, cfg)
   if resume and overwrite then error("qad: resume and overwrite exclude each other", 0) end
   local latest = ckdir and G.latest(ckdir) or nil
   if latest and resume then
     local saved = read_settings(ckdir)
     local diff = saved and settings_diff(saved, settings)
+    if not diff and cfg then diff = cfg_diff(ckdir, cfg) end
     if diff then
       error(("qad: cannot resume from %s: the run's settings changed (%s); resume with the same settings, or "
              .. "overwrite=true to start again"):format(latest, diff), 0)
@@ -637,7 +660,7 @@ local function preflight(r, opts)
 
   -- checkpoints already there
   local settings = run_settings(r, cfg, dry.plan, needs_calib, tpath, mpath)
-  local latest = G.check_checkpoints(ckdir, settings, resume, overwrite)
+  local latest = G.check_checkpoints(ckdir, settings, resume, overwrite, cfg)
   return { config = cfg, plan = dry.plan, algorithm = dry.algorithm, checkpoint_dir = ckdir, latest = latest,
            settings = settings, resume = resume, overwrite = overwrite }
 end

@@ -14,8 +14,11 @@
 --            a recipe's distill table that leaves a cfg key out gets libnibble's nb_qad_cfg_init value
 --   min      the least value (numbers); above = true: the value must be more than min
 --   cfg      the nb_qad_cfg field it sets ("lr", "loss.temperature"); loss = true: through nibble.distill
---   resume   a resumed run must have the same value: "cfg" (the nb_qad_cfg field, as recorded under `c`
---            in libnibble's settings text) or "loader" (the distill table's value)
+--   resume   a resumed run must have the same value: "cfg" (the nb_qad_cfg field: libnibble records it in
+--            every checkpoint, under the row's name, through core/src/qad/qad_settings.inc, which
+--            S.c_include() writes from this list) or "loader" (the distill table's value, which
+--            nibble.qad_guard records in run-settings.json); c_unless = v: recorded only when not v (a
+--            setting added later: checkpoints written before it existed still resume)
 --   doc      one line for --help (meta: the value's name there, when not the type's)
 local S = {}
 
@@ -31,6 +34,24 @@ S.list = {
   { name = "algorithm", key = "algorithm", type = "choice", values = { "max", "mse", "four_over_six" },
     doc = "the PTQ calibration algorithm (default max)" },
   { name = "eval_data", key = "distill.eval_data", type = "path", doc = "text of the teacher / PTQ / QAD eval table" },
+  -- the loss (nb_distill_cfg, through nibble.distill.config)
+  { name = "kd", key = "distill.loss", type = "choice", values = { "kl", "reverse_kl", "topk" }, default = "kl",
+    loss = true, cfg = "loss.kd", resume = "cfg", doc = "KL(teacher||student), reverse KL, or KL over the teacher's top k" },
+  { name = "temperature", key = "distill.temperature", type = "number", min = 0, above = true, default = 1, loss = true,
+    cfg = "loss.temperature", resume = "cfg", doc = "distillation temperature" },
+  { name = "t2", key = "distill.t2", type = "bool", loss = true, cfg = "loss.t2_scale", resume = "cfg",
+    doc = "scale the KD term by T^2" },
+  { name = "topk", key = "distill.topk", type = "int", min = 0, loss = true, cfg = "loss.top_k", resume = "cfg",
+    doc = "k of kd=topk (default 64)" },
+  { key = "distill.top_k", type = "int", min = 0, loss = true, doc = "topk's other spelling (recipes)" },
+  { name = "topk_norm", key = "distill.topk_norm", type = "choice", values = { "renorm", "student_full", "ghost" },
+    loss = true, cfg = "loss.topk_norm", resume = "cfg", doc = "how top-k KL normalizes (default renorm)" },
+  { name = "lm_loss", key = "distill.lm_loss", type = "bool", default = false, loss = true, cfg = "loss.lm_loss",
+    resume = "cfg", doc = "add the cross-entropy on the data: loss = CE + kd_loss_scale * KD" },
+  { name = "kd_loss_scale", key = "distill.kd_loss_scale", type = "number", min = 0, loss = true,
+    cfg = "loss.kd_loss_scale", resume = "cfg", doc = "the KD term's weight beside lm_loss" },
+  { name = "ignore_index", key = "distill.ignore_index", type = "int", loss = true, cfg = "loss.ignore_index",
+    resume = "cfg", doc = "target id that counts no loss (default -100)" },
   -- the training run (nb_qad_cfg)
   { name = "steps", key = "distill.steps", type = "int", min = 1, default = 200, cfg = "steps", resume = "cfg",
     doc = "optimizer steps" },
@@ -40,14 +61,6 @@ S.list = {
     doc = "the cosine's floor" },
   { name = "warmup", key = "distill.warmup", type = "int", min = 0, default = steps_20, cfg = "warmup", resume = "cfg",
     doc = "linear warmup steps (default steps/20)" },
-  { name = "seq_len", key = "distill.seq_len", type = "int", min = 1, default = 512, resume = "loader",
-    doc = "tokens per training row; at most the model's max_position_embeddings" },
-  { name = "batch", key = "distill.batch", type = "int", min = 1, default = 8, resume = "loader", doc = "rows per micro-batch" },
-  { name = "calib", key = "calibration.data", type = "path",
-    doc = "calibration text of formats that quantize activations (default: data)" },
-  { name = "calib_seq_len", key = "calibration.seq_len", type = "int", min = 1,
-    default = function(v) return v.seq_len or 512 end, doc = "tokens per calibration row (default seq_len)" },
-  { name = "samples", key = "calibration.samples", type = "int", min = 1, default = 128, doc = "calibration rows" },
   { name = "grad_accum", key = "distill.grad_accum", type = "int", min = 1, default = 1, cfg = "grad_accum", resume = "cfg",
     doc = "micro-batches per optimizer step" },
   { name = "clip", key = "distill.clip", type = "number", default = 1, cfg = "clip", resume = "cfg",
@@ -57,30 +70,21 @@ S.list = {
   { name = "beta1", key = "distill.beta1", type = "number", cfg = "beta1", resume = "cfg", doc = "AdamW beta1 (default 0.9)" },
   { name = "beta2", key = "distill.beta2", type = "number", cfg = "beta2", resume = "cfg", doc = "AdamW beta2 (default 0.999)" },
   { name = "eps", key = "distill.eps", type = "number", cfg = "eps", resume = "cfg", doc = "AdamW epsilon (default 1e-8)" },
-  -- the loss (nb_distill_cfg, through nibble.distill.config)
-  { name = "kd", key = "distill.loss", type = "choice", values = { "kl", "reverse_kl", "topk" }, default = "kl",
-    loss = true, cfg = "loss.kd", resume = "cfg", doc = "KL(teacher||student), reverse KL, or KL over the teacher's top k" },
-  { name = "topk", key = "distill.topk", type = "int", min = 0, loss = true, cfg = "loss.top_k", resume = "cfg",
-    doc = "k of kd=topk (default 64)" },
-  { key = "distill.top_k", type = "int", min = 0, loss = true, doc = "topk's other spelling (recipes)" },
-  { name = "topk_norm", key = "distill.topk_norm", type = "choice", values = { "renorm", "student_full", "ghost" },
-    loss = true, cfg = "loss.topk_norm", resume = "cfg", doc = "how top-k KL normalizes (default renorm)" },
-  { name = "temperature", key = "distill.temperature", type = "number", min = 0, above = true, default = 1, loss = true,
-    cfg = "loss.temperature", resume = "cfg", doc = "distillation temperature" },
-  { name = "t2", key = "distill.t2", type = "bool", loss = true, cfg = "loss.t2_scale", resume = "cfg",
-    doc = "scale the KD term by T^2" },
-  { name = "lm_loss", key = "distill.lm_loss", type = "bool", default = false, loss = true, cfg = "loss.lm_loss",
-    resume = "cfg", doc = "add the cross-entropy on the data: loss = CE + kd_loss_scale * KD" },
-  { name = "kd_loss_scale", key = "distill.kd_loss_scale", type = "number", min = 0, loss = true,
-    cfg = "loss.kd_loss_scale", resume = "cfg", doc = "the KD term's weight beside lm_loss" },
-  { name = "ignore_index", key = "distill.ignore_index", type = "int", loss = true, cfg = "loss.ignore_index",
-    resume = "cfg", doc = "target id that counts no loss (default -100)" },
   { name = "sft_mask", key = "distill.sft_mask", type = "bool", default = true, cfg = "sft_mask", resume = "cfg",
     doc = "count only the data's masked-in tokens (the assistant turns of chat data)" },
   { name = "recalibrate", key = "distill.recalibrate", type = "int", min = 0, default = 0, cfg = "recalibrate",
     resume = "cfg", doc = "re-run the weight calibration every N steps (0: scales frozen)" },
   { name = "lr_scale_unquantized", key = "distill.lr_scale_unquantized", type = "number", min = 0, default = 1,
-    cfg = "lr_scale_unquantized", resume = "cfg", doc = "lr multiplier of the parameters left in full precision" },
+    cfg = "lr_scale_unquantized", resume = "cfg", c_unless = 1, doc = "lr multiplier of the parameters left in full precision" },
+  -- rows of training data and calibration
+  { name = "seq_len", key = "distill.seq_len", type = "int", min = 1, default = 512, resume = "loader",
+    doc = "tokens per training row; at most the model's max_position_embeddings" },
+  { name = "batch", key = "distill.batch", type = "int", min = 1, default = 8, resume = "loader", doc = "rows per micro-batch" },
+  { name = "calib", key = "calibration.data", type = "path",
+    doc = "calibration text of formats that quantize activations (default: data)" },
+  { name = "calib_seq_len", key = "calibration.seq_len", type = "int", min = 1,
+    default = function(v) return v.seq_len or 512 end, doc = "tokens per calibration row (default seq_len)" },
+  { name = "samples", key = "calibration.samples", type = "int", min = 1, default = 128, doc = "calibration rows" },
   -- reading the training data
   { name = "pack", key = "distill.pack", type = "bool", resume = "loader",
     doc = "pack documents into rows (default true; false: one document per row, padded)" },
@@ -174,6 +178,27 @@ function S.read(get, where, name_of)
     end
   end
   return v
+end
+
+-- c_include(): the text of core/src/qad/qad_settings.inc, libnibble's view of the "cfg" rows in list
+-- order: NB_QAD_SETTING(name, nb_qad_cfg field, INT | REAL) for each, NB_QAD_SETTING_UNLESS(name, field,
+-- kind, value) for those recorded only when not value. nb_qad_settings_text writes a checkpoint's
+-- settings from it, and tests/lua/qad_settings_spec.lua holds the committed file to this text.
+function S.c_include()
+  local out = { "/* The QAD settings libnibble records in a checkpoint and a resume compares, in order: written by\n"
+                .. " * nibble.qad_settings.c_include() from the one list of QAD settings (lua/nibble/qad_settings.lua);\n"
+                .. " * edit that list, then regenerate this file (tests/lua/qad_settings_spec.lua says how). */\n" }
+  for _, s in ipairs(S.list) do
+    if s.resume == "cfg" then
+      local kind = s.type == "number" and "REAL" or "INT"
+      if s.c_unless ~= nil then
+        out[#out + 1] = ("NB_QAD_SETTING_UNLESS(%s, %s, %s, %s)\n"):format(s.name, s.cfg, kind, tostring(s.c_unless))
+      else
+        out[#out + 1] = ("NB_QAD_SETTING(%s, %s, %s)\n"):format(s.name, s.cfg, kind)
+      end
+    end
+  end
+  return table.concat(out)
 end
 
 -- help(style [, extra]): the command's keys with their docs, one per line: style "option"

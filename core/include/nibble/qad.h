@@ -124,6 +124,13 @@ nb_status nb_qad_save(nb_ctx *ctx, nb_qad *q, const char *dir, int32_t keep);
  * naming the setting, when it was written by a run with different settings (loss, lr schedule, steps,
  * grad_accum, clip, weight decay, mask rule, dataloader). */
 nb_status nb_qad_restore(nb_ctx *ctx, nb_qad *q, const char *dir);
+/* Whether a run of cfg may resume from the checkpoint nb_qad_latest finds in dir, before any run exists:
+ * the settings a checkpoint records (loss, lr schedule, steps, grad_accum, clip, optimizer, mask rule,
+ * recalibration: the one list of QAD settings) against cfg's. NB_ERR_INVALID "cannot resume from
+ * <checkpoint>: the run's settings changed (<name>: the checkpoint has X, this run Y)" naming the first
+ * that differs; NB_ERR_NOT_FOUND when there is no checkpoint. nb_qad_restore checks them again, and the
+ * trained parameters and dataloader too. */
+NB_API nb_status nb_qad_check_settings(nb_ctx *ctx, const nb_qad_cfg *cfg, const char *dir);
 /* Path of the checkpoint to resume from, into buf: dir itself when it is a step folder, else the
  * newest dir/step-* folder its manifest.json verifies (sizes and hashes; a folder from before
  * manifests only when dir/latest names it), whatever dir/latest says. NB_ERR_NOT_FOUND when none. */

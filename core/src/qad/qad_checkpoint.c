@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,26 +25,46 @@ enum { NB_QAD_CKPT_VERSION = 1 };
 
 /* ---- settings a resume must agree with ---------------------------------------------------------- */
 
-char *nb_qad_settings_text(const nb_qad *q) {
-    const nb_qad_cfg *c = &q->cfg;
-    char *buf = malloc(2048);
+/* Append printf text to buf (cap bytes, *len used); a line that does not fit is cut, never overrun. */
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n > 0) *len += (size_t)n < cap - *len ? (size_t)n : cap - *len - 1;
+}
+
+/* One "name=value" line per setting of the one list of QAD settings (qad_settings.inc, written from
+ * lua/nibble/qad_settings.lua), in its order; then the calibration method recalibrate re-runs and,
+ * when params >= 0, the count of trained parameters; last the settings recorded only when not at
+ * their default (checkpoints written before they existed still resume). */
+static char *settings_text(const nb_qad_cfg *c, int32_t params) {
+    const size_t cap = 2048;
+    size_t len = 0;
+    char *buf = malloc(cap);
     if (!buf) return NULL;
-    snprintf(buf, 2048,
-             "kd=%d\ntemperature=%.17g\nt2=%d\ntopk=%d\ntopk_norm=%d\nlm_loss=%d\nkd_loss_scale=%.17g\n"
-             "ignore_index=%d\nsteps=%" PRId64 "\nlr=%.17g\nmin_lr=%.17g\nwarmup=%" PRId64 "\ngrad_accum=%d\n"
-             "clip=%.17g\nweight_decay=%.17g\nbeta1=%.17g\nbeta2=%.17g\neps=%.17g\nsft_mask=%d\n"
-             "recalibrate=%" PRId64 "\nrecalib_method=%d\nparams=%d\n",
-             (int)c->loss.kd, c->loss.temperature, (int)c->loss.t2_scale, (int)c->loss.top_k, (int)c->loss.topk_norm,
-             (int)c->loss.lm_loss, c->loss.kd_loss_scale, (int)c->loss.ignore_index, c->steps, c->lr, c->min_lr,
-             c->warmup, (int)c->grad_accum, c->clip, c->weight_decay, c->beta1, c->beta2, c->eps, (int)c->sft_mask,
-             c->recalibrate, (int)c->recalib.method, (int)q->n);
-    /* only when set: checkpoints written before this setting existed still resume */
-    if (c->lr_scale_unquantized != 1.0) {
-        size_t len = strlen(buf);
-        snprintf(buf + len, 2048 - len, "lr_scale_unquantized=%.17g\n", c->lr_scale_unquantized);
-    }
+    buf[0] = '\0';
+#define NB_QAD_INT(name, field) put(buf, cap, &len, #name "=%" PRId64 "\n", (int64_t)c->field);
+#define NB_QAD_REAL(name, field) put(buf, cap, &len, #name "=%.17g\n", (double)c->field);
+#define NB_QAD_SETTING(name, field, kind) NB_QAD_##kind(name, field)
+#define NB_QAD_SETTING_UNLESS(name, field, kind, dflt)
+#include "qad/qad_settings.inc"
+#undef NB_QAD_SETTING
+#undef NB_QAD_SETTING_UNLESS
+    put(buf, cap, &len, "recalib_method=%d\n", (int)c->recalib.method);
+    if (params >= 0) put(buf, cap, &len, "params=%d\n", (int)params);
+#define NB_QAD_SETTING(name, field, kind)
+#define NB_QAD_SETTING_UNLESS(name, field, kind, dflt) \
+    if ((double)c->field != (double)(dflt)) NB_QAD_##kind(name, field)
+#include "qad/qad_settings.inc"
+#undef NB_QAD_SETTING
+#undef NB_QAD_SETTING_UNLESS
+#undef NB_QAD_INT
+#undef NB_QAD_REAL
     return buf;
 }
+
+char *nb_qad_settings_text(const nb_qad *q) { return settings_text(&q->cfg, q->n); }
 
 /* The first line that differs between two settings texts: "key: checkpoint X, this run Y". */
 static int settings_diff(const char *saved, const char *now, char *msg, size_t len) {
@@ -436,6 +457,42 @@ static nb_status parse_u64s(nb_ctx *ctx, const char *text, const char *what, int
         p = end;
     }
     return NB_OK;
+}
+
+nb_status nb_qad_check_settings(nb_ctx *ctx, const nb_qad_cfg *cfg, const char *dir) {
+    char ck[4096], p[4096], msg[1024];
+    nb_status s = nb_qad_latest(ctx, dir, ck, sizeof ck);
+    if (s) return s;
+    join(p, sizeof p, ck, "trainer.safetensors");
+    nb_st *st = NULL;
+    if ((s = nb_st_open(ctx, p, &st))) return s;
+    const char *set = nb_st_metadata(st, "settings");
+    char *saved = set ? malloc(strlen(set) + 1) : NULL;
+    char *now = set ? settings_text(cfg, -1) : NULL;
+    if (!set) {
+        s = nb_fail(ctx, NB_ERR_FORMAT, "%s is not a QAD trainer state (no settings)", p);
+    } else if (!saved || !now) {
+        s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+    } else {
+        /* the saved text without its params line: the model's parameters are compared at restore */
+        size_t o = 0;
+        for (const char *l = set; *l;) {
+            const char *e = strchr(l, '\n');
+            size_t n = e ? (size_t)(e - l) + 1 : strlen(l);
+            if (strncmp(l, "params=", 7) != 0) {
+                memcpy(saved + o, l, n);
+                o += n;
+            }
+            l += n;
+        }
+        saved[o] = '\0';
+        if (settings_diff(saved, now, msg, sizeof msg))
+            s = nb_fail(ctx, NB_ERR_INVALID, "cannot resume from %s: the run's settings changed (%s)", ck, msg);
+    }
+    free(saved);
+    free(now);
+    nb_st_close(st);
+    return s;
 }
 
 nb_status nb_qad_restore(nb_ctx *ctx, nb_qad *q, const char *dir) {

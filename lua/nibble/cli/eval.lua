@@ -10,20 +10,13 @@
 -- stores them) are applied and reported; --no-kv-quant keeps the KV cache in float. A --ctx beyond the
 -- model's max_position_embeddings is refused unless --allow-long (positions it was not trained on).
 -- PATH may be the model folder or its .safetensors file.
+local cli = require("nibble.cli")   -- the option parser and how a command fails (cli.fail)
 local nibble = require("nibble")
 
 local USAGE = "usage: nibble eval --model PATH --data FILE [--ctx 512] [--chunks N] [--batch B] [--teacher PATH] [--json]\n"
   .. "         [--no-kv-quant] [--allow-long]\n"
   .. "  --ctx N        tokens per chunk (default 512); at most the model's max_position_embeddings\n"
   .. "  --allow-long   allow a --ctx beyond max_position_embeddings\n"
-
-local function err(msg)
-  io.stderr:write("nibble eval: ", msg, "\n")
-  return 1
-end
-
--- a failed call: its message without the Lua position, or Ctrl-C raised again (exit code 130)
-local function failed(e) return require("nibble.cli").fail("eval", e) end
 
 local function num(x)
   if x == nil or x ~= x or x == math.huge or x == -math.huge then return "null" end
@@ -39,24 +32,23 @@ local SPEC = {
 }
 
 return function(args)
-  local o, code = require("nibble.cli").parse("eval", USAGE, args, SPEC)
+  local o, code = cli.parse("eval", USAGE, args, SPEC)
   if not o then return code end
-  local cli = require("nibble.cli")
   o.model = cli.model_dir(o.model)
   if o.teacher then o.teacher = cli.model_dir(o.teacher) end
   local ctx = o.ctx or 512
   local maxpos = cli.max_position(o.model)
   if maxpos and ctx > maxpos and not o.allow_long then
-    return err(("--ctx %d is more than the model's max_position_embeddings %d (--allow-long runs it anyway)")
+    return cli.fail("eval", ("--ctx %d is more than the model's max_position_embeddings %d (--allow-long runs it anyway)")
       :format(ctx, maxpos))
   end
   local ok, m = pcall(nibble.model.load, o.model)
-  if not ok then return failed(m) end
+  if not ok then return cli.fail("eval", m) end
   local bad = cli.file_problem(o.data)   -- after the model, whose errors come first
-  if bad then return err(bad) end
+  if bad then return cli.fail("eval", bad) end
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
   local okq, aq, naq, nkv = pcall(nibble.qmodel.activations, m, nil, { kv = not o.no_kv })
-  if not okq then return failed(aq) end
+  if not okq then return cli.fail("eval", aq) end
   if naq > 0 then io.stderr:write(("nibble eval: activations quantized as exported (%d modules)\n"):format(naq)) end
   if nkv > 0 then
     io.stderr:write(("nibble eval: KV cache quantized as exported (FP8, k_scale / v_scale of %d layers; "
@@ -67,13 +59,13 @@ return function(args)
   local teacher
   if o.teacher then
     local okt, t = pcall(nibble.model.load, o.teacher)
-    if not okt then return failed(t) end
+    if not okt then return cli.fail("eval", t) end
     teacher = t
   end
   local t0 = os.clock()
   local okr, r = pcall(m.eval, m, { data = o.data, ctx = ctx, chunks = o.chunks, batch = o.batch,
                                     teacher = teacher })
-  if not okr then return failed(r) end
+  if not okr then return cli.fail("eval", r) end
   if o.json then
     io.stdout:write(('{"ppl": %s, "nll": %s, "tokens": %d, "kld": %s, "top1": %s, "ppl_err": %s, "chunks": %d}\n')
       :format(num(r.ppl), num(r.nll), r.tokens, num(r.kld), num(r.top1), num(r.ppl_err), r.chunks))

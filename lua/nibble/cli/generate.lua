@@ -6,6 +6,7 @@
 -- --temp 0 is greedy too. Generation stops at the model's EOS unless --no-stop. --ids prints the
 -- generated token ids instead of the text. --top-k 0 and --top-p 1 turn those filters off. The prompt's
 -- tokens plus -n must fit the model's max_position_embeddings unless --allow-long.
+local cli = require("nibble.cli")   -- the option parser and how a command fails (cli.fail)
 local nibble = require("nibble")
 
 local USAGE = "usage: nibble generate --model PATH [--prompt TEXT] [--chat | --no-chat] [--system TEXT] [-n N] [--greedy] [--temp T] [--top-k K] [--top-p P] [--seed S] [--no-stop] [--ids] [--no-kv-quant] [--allow-long]\n"
@@ -18,14 +19,6 @@ local USAGE = "usage: nibble generate --model PATH [--prompt TEXT] [--chat | --n
   .. "  --top-p P      nucleus sampling, P in (0, 1] (default 0.95); 1 = no top-p limit\n"
   .. "  --allow-long   allow prompt + N beyond the model's max_position_embeddings\n"
 
-local function err(msg)
-  io.stderr:write("nibble generate: ", msg, "\n")
-  return 1
-end
-
--- a failed call: its message without the Lua position, or Ctrl-C raised again (exit code 130)
-local function failed(e) return require("nibble.cli").fail("generate", e) end
-
 local SPEC = {
   { "--model", "-m", key = "model", arg = "PATH", need = true }, { "--prompt", "-p", key = "prompt", arg = "TEXT" },
   { "-n", "--n-predict", key = "n", num = "int0" }, { "--temp", key = "temperature", num = "num0" },
@@ -36,14 +29,13 @@ local SPEC = {
 }
 
 return function(args)
-  local a, code = require("nibble.cli").parse("generate", USAGE, args, SPEC)
+  local a, code = cli.parse("generate", USAGE, args, SPEC)
   if not a then return code end
   local o = { n = a.n or 128, temperature = a.temperature or 0.8, top_k = a.top_k or 40, top_p = a.top_p or 0.95,
               seed = a.seed or 0, prompt = a.prompt }
-  local cli = require("nibble.cli")
   local model, greedy, ids, stop = cli.model_dir(a.model), a.greedy, a.ids, a.stop ~= false
   local ok, m = pcall(nibble.model.load, model)
-  if not ok then return failed(m) end
+  if not ok then return cli.fail("generate", m) end
   -- chat: on when asked, or by default when there is a prompt and the model has a chat template
   local chat = a.chat
   if chat == nil and o.prompt then
@@ -51,18 +43,18 @@ return function(args)
     chat = okt and tmpl ~= nil
   end
   if chat then
-    if not o.prompt then return err("--chat needs --prompt (the user's message)") end
+    if not o.prompt then return cli.fail("generate", "--chat needs --prompt (the user's message)") end
     local okt, tmpl = pcall(function() return m:tokenizer():chat_template() end)
-    if not okt then return failed(tmpl) end
+    if not okt then return cli.fail("generate", tmpl) end
     if not tmpl then
-      return err(("the model %s has no chat template (tokenizer_config.json \"chat_template\", chat_template.jinja "
+      return cli.fail("generate", ("the model %s has no chat template (tokenizer_config.json \"chat_template\", chat_template.jinja "
                   .. "or GGUF tokenizer.chat_template); without --chat the prompt is plain text"):format(a.model))
     end
     o.messages = { { role = "user", content = o.prompt } }
     if a.system then table.insert(o.messages, 1, { role = "system", content = a.system }) end
     o.prompt = nil
   elseif a.system then
-    return err("--system needs a chat template (it is a system message): drop --no-chat, or put it in --prompt")
+    return cli.fail("generate", "--system needs a chat template (it is a system message): drop --no-chat, or put it in --prompt")
   end
   local maxpos = cli.max_position(model)
   if maxpos and not a.allow_long then
@@ -73,18 +65,18 @@ return function(args)
         if o.messages then return t:encode_chat(o.messages, { add_generation_prompt = true }) end
         return t:encode(o.prompt)
       end)
-      if not okt then return failed(pids) end
+      if not okt then return cli.fail("generate", pids) end
       np = math.max(#pids, 1)
     end
     if np + o.n > maxpos then
-      return err(("the prompt's %d token%s + -n %d = %d is more than the model's max_position_embeddings %d "
+      return cli.fail("generate", ("the prompt's %d token%s + -n %d = %d is more than the model's max_position_embeddings %d "
                   .. "(--allow-long runs it anyway)"):format(np, np == 1 and "" or "s", o.n, np + o.n, maxpos))
     end
   end
   -- an export that quantizes activations (W4A4 / W8A8 input scales) runs with them, as it ships
   -- and an FP8 KV cache (k_scale / v_scale) stores keys and values as vLLM's would, unless --no-kv-quant
   local okq, aq, naq, nkv = pcall(nibble.qmodel.activations, m, nil, { kv = not a.no_kv })
-  if not okq then return failed(aq) end
+  if not okq then return cli.fail("generate", aq) end
   if naq > 0 then io.stderr:write(("nibble generate: activations quantized as exported (%d modules)\n"):format(naq)) end
   if nkv > 0 then
     io.stderr:write(("nibble generate: KV cache quantized as exported (FP8, %d layers; --no-kv-quant to turn off)\n"):format(nkv))
@@ -97,7 +89,7 @@ return function(args)
   end
   o.text = not ids
   local okg, _, out = pcall(m.generate, m, o)
-  if not okg then io.stdout:write("\n"); return failed(_) end
+  if not okg then io.stdout:write("\n"); return cli.fail("generate", _) end
   if ids then
     local s = {}
     for k, v in ipairs(out) do s[k] = tostring(v) end

@@ -3,6 +3,7 @@
 -- (single or sharded), an index.json or a .gguf file. --json prints nibble.inspect(PATH) as JSON;
 -- --all prints every element of long metadata arrays. Bad files: a named error, exit code 1.
 local nibble = require("nibble")
+local cli = require("nibble.cli")
 
 local USAGE = "usage: nibble inspect PATH [--json] [--all]\n"
   .. "  PATH     a .safetensors file, a model folder (single or sharded), a model.safetensors.index.json or a .gguf\n"
@@ -65,41 +66,29 @@ local function print_table(rows, cols)
   for _, r in ipairs(rows) do line(r) end
 end
 
+local SPEC = { { "--json", key = "json" }, { "--all", key = "all" }, positional = "PATH", need_positional = true }
+
 return function(args)
-  local path, as_json, all
-  for _, a in ipairs(args) do
-    if a == "--json" then as_json = true
-    elseif a == "--all" then all = true
-    elseif a == "-h" or a == "--help" then io.stdout:write(USAGE); return 0
-    elseif a:sub(1, 1) == "-" and a ~= "-" then
-      io.stderr:write("nibble inspect: unknown option ", a, "\n", USAGE)
-      return 1
-    elseif path then
-      io.stderr:write("nibble inspect: one PATH only\n", USAGE)
-      return 1
-    else path = a end
-  end
-  if not path then
-    io.stderr:write(USAGE)
-    return 1
-  end
+  local o, code = cli.parse("inspect", USAGE, args, SPEC)
+  if not o then return code end
+  if #o > 1 then return cli.fail("inspect", "one PATH only, got " .. table.concat(o, " ")) end
+  local path, as_json, all = o[1], o.json, o.all
   -- a file that is neither safetensors (8-byte header length, then '{') nor GGUF (magic "GGUF") nor an
   -- index: say so, rather than what its first bytes mean when read as a header length
   local f = io.open(path, "rb")
   local head = f and f:read(9)
   if f then f:close() end
   if head and not path:match("%.json$") and head:sub(1, 4) ~= "GGUF" and head:sub(9, 9) ~= "{" then
-    io.stderr:write("nibble inspect: ", path, " is not a safetensors or GGUF file\n")
-    return 1
+    return cli.fail("inspect", path .. " is not a safetensors or GGUF file")
   end
   -- an export's staging folder is no model, whatever files it holds
   local fin, why = pcall(nibble.check, nibble.C.nb_model_check_finished(nibble.context(), path))
-  if not fin then return require("nibble.cli").fail("inspect", why) end
+  if not fin then return cli.fail("inspect", why) end
   local ok, info = pcall(nibble.inspect, path)
   if not ok and path:match("%.json$") and tostring(info):find("weight_map", 1, true) then
     info = path .. " is not a safetensors index (no \"weight_map\"); give the model folder, a .safetensors or a .gguf file"
   end
-  if not ok then return require("nibble.cli").fail("inspect", info) end
+  if not ok then return cli.fail("inspect", info) end
   if as_json then
     io.stdout:write(nibble.json.encode(info, { indent = "  " }), "\n")
     return 0

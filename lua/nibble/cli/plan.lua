@@ -6,48 +6,39 @@
 -- read to list its modules, no weights. Nothing is quantized.
 local USAGE = "usage: nibble plan RECIPE [key=value ...]\n"
 
--- a failed call: its message without the Lua position, or Ctrl-C raised again (exit code 130)
-local function failed(e) return require("nibble.cli").fail("plan", e) end
+local cli = require("nibble.cli")
+
+-- RECIPE and its key=value words are the positional words of the one option parser
+local SPEC = { positional = "RECIPE", need_positional = true }
 
 return function(args)
+  local o, code = cli.parse("plan", USAGE, args, SPEC)
+  if not o then return code end
   local file
   local kv = {}
-  for _, a in ipairs(args) do
+  for _, a in ipairs(o) do
     local k, v = a:match("^([%a_][%w_%.%-]*)=(.*)$")
     if k then
       kv[k] = v
-    elseif a == "-h" or a == "--help" then
-      io.stdout:write(USAGE)
-      return 0
     elseif not file then
       file = a
     else
-      io.stderr:write("nibble plan: unexpected argument ", a, "\n", USAGE)
-      return 1
+      return cli.fail("plan", "unexpected argument " .. a .. " (one RECIPE, then key=value words)")
     end
   end
-  if not file then
-    io.stderr:write(USAGE)
-    return 1
-  end
-  local bad = require("nibble.cli").file_problem(file)
-  if bad then
-    io.stderr:write("nibble plan: ", bad, "\n")
-    return 1
-  end
+  if not file then return cli.fail("plan", "missing RECIPE (a recipe file, then key=value words)") end
+  local bad = cli.file_problem(file)
+  if bad then return cli.fail("plan", bad) end
   -- a file that is not Lua: name it (the parser's message alone, without its position, does not)
   local chunk, perr = loadfile(file)
-  if not chunk then
-    io.stderr:write("nibble plan: ", file, " is not a Lua recipe: ", tostring(perr), "\n")
-    return 1
-  end
+  if not chunk then return cli.fail("plan", file .. " is not a Lua recipe: " .. tostring(perr)) end
   local recipe = require("nibble.recipe")
   local ptq = require("nibble.ptq")
   local ok, res = pcall(function()
     local r = ptq.prepare(file, kv)
     return ptq.run(r, kv, { dry_run = true, quiet = true })
   end)
-  if not ok then return failed(res) end
+  if not ok then return cli.fail("plan", res) end
   io.stdout:write(recipe.format_plan(res.plan), "\n")
   local r = res.recipe
   local lines = { ("algorithm: %s"):format(res.algorithm) }

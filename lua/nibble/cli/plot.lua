@@ -4,16 +4,12 @@
 -- named in the legend). Lines that are not JSON objects with a numeric "step" are skipped. Keys
 -- default to those present among loss, kd, ce, lr, grad_norm, tokens_per_s, eval_kld, eval_ppl,
 -- eval_top1. --log uses a log10 y axis for panels whose values are all positive. Plain SVG 1.1.
+local cli = require("nibble.cli")   -- the option parser and how a command fails (cli.fail)
 local nibble = require("nibble")
 
 local USAGE = "usage: nibble plot METRICS.jsonl [MORE.jsonl ...] --out FILE.svg [--keys k1,k2,...] [--log] [--title T]\n"
 local DEFAULT_KEYS = { "loss", "kd", "ce", "lr", "grad_norm", "tokens_per_s", "eval_kld", "eval_ppl", "eval_top1" }
 local COLORS = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f" }
-
-local function err(msg)
-  io.stderr:write("nibble plot: ", msg, "\n")
-  return 1
-end
 
 local function esc(s)
   return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }))
@@ -21,7 +17,7 @@ end
 
 -- read(path): { [key] = { {step, value}, ... } } in file order, and the number of records.
 local function read(path)
-  local bad = require("nibble.cli").file_problem(path)
+  local bad = cli.file_problem(path)
   if bad then return nil, bad end
   local f, e = io.open(path, "rb")
   if not f then return nil, tostring(e) end
@@ -156,14 +152,14 @@ local SPEC = {
 }
 
 return function(args)
-  local o, code = require("nibble.cli").parse("plot", USAGE, args, SPEC)
+  local o, code = cli.parse("plot", USAGE, args, SPEC)
   if not o then return code end
   local files, keys, out_path, uselog, title = o, o.keys, o.out, o.log or false, o.title
   local data = {}
   for _, p in ipairs(files) do
     local series, n = read(p)
-    if not series then return err(n) end
-    if n == 0 then return err(p .. " has no metrics records (JSON objects with a numeric \"step\")") end
+    if not series then return cli.fail("plot", n) end
+    if n == 0 then return cli.fail("plot", p .. " has no metrics records (JSON objects with a numeric \"step\")") end
     data[#data + 1] = { path = p, series = series }
   end
   if not keys then
@@ -177,10 +173,10 @@ return function(args)
     for _, k in ipairs(keys) do
       local found = false
       for _, d in ipairs(data) do found = found or d.series[k] ~= nil end
-      if not found then return err(("no file has the key '%s'"):format(k)) end
+      if not found then return cli.fail("plot", ("no file has the key '%s'"):format(k)) end
     end
   end
-  if #keys == 0 then return err("none of the default keys is present; choose with --keys") end
+  if #keys == 0 then return cli.fail("plot", "none of the default keys is present; choose with --keys") end
   local cols = math.min(3, #keys)
   local rows = math.ceil(#keys / cols)
   local pw, ph = 340, 220
@@ -209,7 +205,7 @@ return function(args)
   if not f then
     e = tostring(e)
     if e:sub(1, #out_path + 2) == out_path .. ": " then e = e:sub(#out_path + 3) end   -- the path once
-    return err(("cannot write %s: %s"):format(out_path, e))
+    return cli.fail("plot", ("cannot write %s: %s"):format(out_path, e))
   end
   f:write(table.concat(out, "\n"), "\n")
   f:close()

@@ -5,20 +5,13 @@
 -- --tokens prints one "id<TAB>spelling" line per token. --no-bos leaves out BOS/EOS (added as the
 -- model's config says otherwise); --special turns text like <|im_end|> into that control token.
 -- A --file with a NUL byte is refused (not text); a model's .safetensors file stands for its folder.
+local cli = require("nibble.cli")   -- the option parser and how a command fails (cli.fail)
 local nibble = require("nibble")
 
 local USAGE = "usage: nibble tokenize --model PATH [--text T | --file F] [--count] [--tokens] [--no-bos] [--special]\n"
   .. "  PATH is a model folder, a tokenizer.json, a .gguf or a tokenizer.model\n"
   .. "  without --text or --file the text is read from stdin\n"
   .. "  --count: print only the number of tokens; --tokens: one \"id<TAB>spelling\" line per token\n"
-
-local function err(msg)
-  io.stderr:write("nibble tokenize: ", msg, "\n")
-  return 1
-end
-
--- a failed call: its message without the Lua position, or Ctrl-C raised again (exit code 130)
-local function failed(e) return require("nibble.cli").fail("tokenize", e) end
 
 local SPEC = {
   { "--model", "-m", key = "model", arg = "PATH", need = true }, { "--text", "-t", key = "text", arg = "TEXT" },
@@ -27,26 +20,25 @@ local SPEC = {
 }
 
 return function(args)
-  local o, code = require("nibble.cli").parse("tokenize", USAGE, args, SPEC)
+  local o, code = cli.parse("tokenize", USAGE, args, SPEC)
   if not o then return code end
   local model, text, file, count, tokens, bos, special = o.model, o.text, o.file, o.count, o.tokens, o.bos, o.special
-  if text and file then return err("give --text or --file, not both") end
-  local cli = require("nibble.cli")
+  if text and file then return cli.fail("tokenize", "give --text or --file, not both") end
   model = cli.model_dir(model)
   if file then
     local bad = cli.file_problem(file)
-    if bad then return err(bad) end
+    if bad then return cli.fail("tokenize", bad) end
     local ok, t = pcall(nibble.data.read_text, file, "tokenize")   -- refuses a binary file, as eval's data
-    if not ok then return failed(t) end
+    if not ok then return cli.fail("tokenize", t) end
     text = t
   elseif not text then
     text = io.stdin:read("*a") or ""
   end
   local ok, tok = pcall(nibble.tokenizer.load, model)
-  if not ok then return failed(tok) end
+  if not ok then return cli.fail("tokenize", tok) end
   local opts = { bos = bos ~= false, special = special or false }
   local ok2, t = pcall(tok.encode_tokens, tok, text, opts)
-  if not ok2 then return failed(t) end
+  if not ok2 then return cli.fail("tokenize", t) end
   local n = tonumber(t.n)
   if count then
     io.stdout:write(n, "\n")
