@@ -34,6 +34,7 @@ local function ctx() return nibble.context() end
 
 local ptq = require("nibble.ptq")
 local recipe = require("nibble.recipe")
+local util = require("nibble.util")
 local qmodel = require("nibble.qmodel")
 local now, hms, logger = ptq.now, ptq.hms, ptq.logger
 local model_ptr = qmodel.model_ptr
@@ -176,7 +177,7 @@ end)
 -- restore(dir): continue from dir/latest (an error when there is none or the settings differ).
 function Run:restore(dir)
   local ok, e = pcall(check, C.nb_qad_restore(ctx(), rp(self), dir))
-  if not ok then fail(G.readable(tostring(e):gsub("^[^\n]-:%d+: ", ""))) end
+  if not ok then fail(G.readable(util.clean(e))) end
   return self:step_count()
 end
 

@@ -584,6 +584,21 @@ static void test_resume_flag(nb_ctx *ctx, const char *ref) {
     snprintf(empty, sizeof empty, "%s/no_ckpt", tmpdir);
     CHECK_FAIL(ctx, nb_qad_restore(ctx, S.q, empty), NB_ERR_NOT_FOUND, "no QAD checkpoint");
     session_close(&S);
+    /* the same settings compared before any run exists (nb_qad_check_settings: what a preflight asks);
+     * the count of trained parameters is left to the restore */
+    qad_config(&cfg);
+    CHECK_OK(ctx, nb_qad_check_settings(ctx, &cfg, ck));
+    cfg.lr = 1e-3;
+    CHECK_FAIL(ctx, nb_qad_check_settings(ctx, &cfg, ck), NB_ERR_INVALID,
+               "the run's settings changed (lr: the checkpoint has 0.0030000000000000001, this run 0.001)");
+    qad_config(&cfg);
+    cfg.loss.kd = NB_KD_REVERSE;
+    CHECK_FAIL(ctx, nb_qad_check_settings(ctx, &cfg, ck), NB_ERR_INVALID, "kd: the checkpoint has 1, this run 2");
+    qad_config(&cfg);
+    cfg.lr_scale_unquantized = 2;
+    CHECK_FAIL(ctx, nb_qad_check_settings(ctx, &cfg, ck), NB_ERR_INVALID, "lr_scale_unquantized=2");
+    qad_config(&cfg);
+    CHECK_FAIL(ctx, nb_qad_check_settings(ctx, &cfg, empty), NB_ERR_NOT_FOUND, "no QAD checkpoint");
 
     /* hostile metadata: a step folder given directly (no manifest to verify) whose files say things a
      * lax parser (atoi, valueint) would take: each refused in one line naming file and field */
