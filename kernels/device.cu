@@ -31,6 +31,15 @@ extern "C" nb_status nbk_device_alloc(nb_ctx *ctx, int device, size_t bytes, voi
     return NB_OK;
 }
 
+extern "C" nb_status nbk_set_device(nb_ctx *ctx, int device) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return nb_fail(ctx, NB_ERR_DEVICE, "cuda device %d: %s", device, cudaGetErrorString(e));
+    }
+    return NB_OK;
+}
+
 extern "C" void nbk_device_free(void *p) {
     if (p) cudaFree(p);
 }

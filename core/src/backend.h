@@ -42,6 +42,8 @@ nb_status nbq_backend_set_path(nb_ctx *ctx, nb_backend *b, const char *path);
 /* CUDA memory for the backend (kernels/device.cu; cuda_stub.c without CUDA: NB_ERR_DEVICE). */
 nb_status nbk_device_alloc(nb_ctx *ctx, int device, size_t bytes, void **out);
 void nbk_device_free(void *p);
+/* Make `device` current for the kernels launched next on this thread. */
+nb_status nbk_set_device(nb_ctx *ctx, int device);
 /* dir 0: host -> device, 1: device -> host, 2: device -> device. Synchronous on the stream. */
 nb_status nbk_memcpy(nb_ctx *ctx, void *dst, const void *src, size_t bytes, int dir, void *stream);
 /* Wait for the work queued on stream; NB_ERR_DEVICE with CUDA's message when it failed. */

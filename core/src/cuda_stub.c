@@ -17,6 +17,10 @@ nb_status nbk_device_alloc(nb_ctx *ctx, int device, size_t bytes, void **out) {
     return nb_fail(ctx, NB_ERR_DEVICE, "cuda device %d: %s", device, NO_CUDA);
 }
 
+nb_status nbk_set_device(nb_ctx *ctx, int device) {
+    return nb_fail(ctx, NB_ERR_DEVICE, "cuda device %d: %s", device, NO_CUDA);
+}
+
 void nbk_device_free(void *p) { (void)p; }
 
 nb_status nbk_memcpy(nb_ctx *ctx, void *dst, const void *src, size_t bytes, int dir, void *stream) {

@@ -322,7 +322,17 @@ static int64_t elem_offset(const nb_tensor *t, int64_t linear) {
     return off;
 }
 
+/* The host-memory operations below refuse a device tensor instead of reading a device address. */
+static nb_status host_only(nb_ctx *ctx, const nb_tensor *t, const char *op) {
+    if (t->device < 0) return NB_OK;
+    return nb_fail(ctx, NB_ERR_DEVICE, "%s: the tensor is on CUDA device %d (nb_tensor_to_device copies it to the host)", op,
+                   t->device);
+}
+
 nb_status nb_tensor_copy(nb_ctx *ctx, nb_tensor *dst, const nb_tensor *src) {
+    nb_status sd = host_only(ctx, dst, "copy");
+    if (!sd) sd = host_only(ctx, src, "copy");
+    if (sd) return sd;
     if (dst->ndim != src->ndim) return nb_fail(ctx, NB_ERR_SHAPE, "copy: ndim %d vs %d", dst->ndim, src->ndim);
     for (int i = 0; i < dst->ndim; i++)
         if (dst->shape[i] != src->shape[i])
@@ -349,7 +359,10 @@ nb_status nb_tensor_contiguous(nb_ctx *ctx, const nb_tensor *t, nb_tensor **out)
 }
 
 nb_status nb_tensor_to(nb_ctx *ctx, const nb_tensor *t, nb_dtype dt, nb_tensor **out) {
-    nb_status s = nb_tensor_new(ctx, dt, t->ndim, t->shape, out);
+    *out = NULL;
+    nb_status s = host_only(ctx, t, dt == t->dtype ? "contiguous" : "to");
+    if (s) return s;
+    s = nb_tensor_new(ctx, dt, t->ndim, t->shape, out);
     if (s) return s;
     if ((s = nb_tensor_copy(ctx, *out, t))) { nb_tensor_release(*out); *out = NULL; }
     return s;
@@ -367,6 +380,7 @@ static int64_t index_offset(const nb_tensor *t, const int64_t *idx, int64_t *lin
 }
 
 double nb_tensor_get(const nb_tensor *t, const int64_t *idx) {
+    if (t->device >= 0) return NAN;
     int64_t lin;
     int64_t off = index_offset(t, idx, &lin);
     if (off < 0) return NAN;
@@ -375,6 +389,8 @@ double nb_tensor_get(const nb_tensor *t, const int64_t *idx) {
 }
 
 nb_status nb_tensor_set(nb_ctx *ctx, nb_tensor *t, const int64_t *idx, double v) {
+    nb_status sd = host_only(ctx, t, "set");
+    if (sd) return sd;
     int64_t lin;
     int64_t off = index_offset(t, idx, &lin);
     if (off < 0) return nb_fail(ctx, NB_ERR_INVALID, "set: index out of range");

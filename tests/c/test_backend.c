@@ -312,6 +312,12 @@ static void test_no_device(nb_ctx *ctx) {
     CHECK_OK(ctx, nb_qtensor_new(ctx, NB_FMT_MXFP8, 2, sh, &q));
     CHECK_FAIL(ctx, nb_quantize_into(ctx, x, &p, q), NB_ERR_DEVICE, "w: the input is on CUDA device 0, the output on the host");
     CHECK_FAIL(ctx, nb_qtensor_dequantize_into(ctx, q, y), NB_ERR_DEVICE, "dequantize: the input is on the host, the output on CUDA device 0");
+    /* the host-memory operations refuse it rather than read a device address */
+    nb_tensor *c = NULL;
+    CHECK_FAIL(ctx, nb_tensor_contiguous(ctx, x, &c), NB_ERR_DEVICE, "contiguous: the tensor is on CUDA device 0");
+    CHECK_FAIL(ctx, nb_tensor_to(ctx, x, NB_BF16, &c), NB_ERR_DEVICE, "to: the tensor is on CUDA device 0");
+    CHECK_FAIL(ctx, nb_tensor_set(ctx, x, (int64_t[]){0, 0}, 1.0), NB_ERR_DEVICE, "set: the tensor is on CUDA device 0");
+    CHECK(c == NULL && isnan(nb_tensor_get(x, (int64_t[]){0, 0})));
     x->device = y->device = -1;
     nb_qtensor_release(q);
     nb_tensor_release(x);

@@ -20,7 +20,7 @@ nb_status nbq_device_check(nb_ctx *ctx, const nb_tensor *t, const char *what, co
                        t->device, nb_cuda_device_count(), nb_cuda_device_count() == 1 ? " is" : "s are");
     if (!nb_tensor_is_contiguous(t))
         return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: the %s on CUDA device %d must be contiguous", what, role, t->device);
-    return NB_OK;
+    return nbk_set_device(ctx, t->device);
 }
 
 /* Copies the plan's host arrays (static NVFP4 block amax, FP8 per-row scales) into the context's

@@ -567,7 +567,9 @@ nb_status nb_qtensor_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_dtype dt, n
     if (dt != NB_F32 && dt != NB_BF16 && dt != NB_F16)
         return nb_fail(ctx, NB_ERR_UNSUPPORTED, "dequantize: output dtype %s (f32, bf16 or f16 only)",
                        nb_dtype_info(dt) ? nb_dtype_info(dt)->name : "?");
-    nb_status s = nb_tensor_new(ctx, dt, q->ndim, q->shape, out);
+    /* on the quantized tensor's device */
+    nb_status s = q->data && q->data->device >= 0 ? nb_tensor_new_on(ctx, q->data->device, dt, q->ndim, q->shape, out)
+                                                  : nb_tensor_new(ctx, dt, q->ndim, q->shape, out);
     if (s) return s;
     if ((s = nb_qtensor_dequantize_into(ctx, q, *out))) {
         nb_tensor_release(*out);
