@@ -160,7 +160,11 @@ void nb_qparams_init(nb_qparams *p, nb_qformat f);
  * have x's shape with the last dim n/16 (or 1), or be flat (1-D) with that many values),
  * NB_ERR_NUMERIC (first NaN/Inf in x, flat index; a NaN/Inf or negative amax). A zero amax is the
  * maxbound (see the top of this file). NB_ERR_INVALID / NB_ERR_UNSUPPORTED when NIBBLE_QUANT_PATH
- * names no usable path (nibble/quant_fast.h). */
+ * named no usable path when ctx was created (nibble/quant_fast.h). */
+/* x on a CUDA device (nibble/tensor.h): the quantized tensor is made on that device by the CUDA kernels
+ * (bit-equal to the CPU rows), the plan resolved as on the host (NaN/Inf, amax and state errors alike);
+ * nb_quantize_into, nb_fake_quant and nb_qtensor_dequantize(_into) dispatch the same way, and want their
+ * outputs on the input's device. Without CUDA (or that device) a device tensor is NB_ERR_DEVICE. */
 nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out);
 /* nb_quantize into an existing quantized tensor of the same format and logical shape (from
  * nb_qtensor_new or an earlier nb_quantize), reusing its buffers: every byte of its data and scales
