@@ -64,35 +64,37 @@ static nb_status put_f32(nb_ctx *ctx, nb_tensor *t, float v) {
     return nbk_memcpy(ctx, nb_tensor_data(t), &v, sizeof v, 0, nb_backend_of(ctx)->cuda_stream);
 }
 
-nb_status nbq_device_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nb_qtensor *q) {
+/* Quantize x into q, or (q NULL) fake-quantize it into out, on x's device. */
+static nb_status device_run(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nb_qtensor *q,
+                            nb_tensor *out) {
     nbq_plan plan;
     nb_cuda_qargs ca;
     nb_status s = nbq_device_plan(ctx, x, p, what, &plan, &ca);
     if (s) return s;
     void *stream = nb_backend_of(ctx)->cuda_stream;
-    if (q->scale2) s = put_f32(ctx, q->scale2, plan.base.scale);
-    if (!s && p->format == NB_FMT_FP8_TENSOR) s = put_f32(ctx, q->scale, plan.base.scale);
-    if (!s && p->format == NB_FMT_FP8_CHANNEL)
-        s = nbk_memcpy(ctx, nb_tensor_data(q->scale), plan.row_scale, (size_t)plan.rows * sizeof(float), 0, stream);
-    if (!s)
-        s = nb_cuda_quantize(ctx, p->format, nb_tensor_data(x), x->dtype, plan.rows, plan.n, &ca, nb_tensor_data(q->data),
-                             plan.tr->block_size ? nb_tensor_data(q->scale) : NULL, stream);
+    if (!q) {
+        s = nb_cuda_fake_quant(ctx, p->format, nb_tensor_data(x), x->dtype, plan.rows, plan.n, &ca, nb_tensor_data(out),
+                               out->dtype, stream);
+    } else {
+        if (q->scale2) s = put_f32(ctx, q->scale2, plan.base.scale);
+        if (!s && p->format == NB_FMT_FP8_TENSOR) s = put_f32(ctx, q->scale, plan.base.scale);
+        if (!s && p->format == NB_FMT_FP8_CHANNEL)
+            s = nbk_memcpy(ctx, nb_tensor_data(q->scale), plan.row_scale, (size_t)plan.rows * sizeof(float), 0, stream);
+        if (!s)
+            s = nb_cuda_quantize(ctx, p->format, nb_tensor_data(x), x->dtype, plan.rows, plan.n, &ca,
+                                 nb_tensor_data(q->data), plan.tr->block_size ? nb_tensor_data(q->scale) : NULL, stream);
+    }
     if (!s) s = nbk_stream_sync(ctx, stream);
     nbq_plan_free(&plan);
     return s;
 }
 
+nb_status nbq_device_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nb_qtensor *q) {
+    return device_run(ctx, x, p, what, q, NULL);
+}
+
 nb_status nbq_device_fake(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nb_tensor *out) {
-    nbq_plan plan;
-    nb_cuda_qargs ca;
-    nb_status s = nbq_device_plan(ctx, x, p, what, &plan, &ca);
-    if (s) return s;
-    void *stream = nb_backend_of(ctx)->cuda_stream;
-    s = nb_cuda_fake_quant(ctx, p->format, nb_tensor_data(x), x->dtype, plan.rows, plan.n, &ca, nb_tensor_data(out),
-                           out->dtype, stream);
-    if (!s) s = nbk_stream_sync(ctx, stream);
-    nbq_plan_free(&plan);
-    return s;
+    return device_run(ctx, x, p, what, NULL, out);
 }
 
 nb_status nbq_device_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_tensor *out) {
