@@ -48,7 +48,11 @@ nb_status nbk_set_device(nb_ctx *ctx, int device);
 nb_status nbk_memcpy(nb_ctx *ctx, void *dst, const void *src, size_t bytes, int dir, void *stream);
 /* Wait for the work queued on stream; NB_ERR_DEVICE with CUDA's message when it failed. */
 nb_status nbk_stream_sync(nb_ctx *ctx, void *stream);
-/* At least `bytes` of the context's device workspace on `device` (ctx.c). */
+/* A device call holds the context's CUDA lock from staging its arguments in the workspace until its
+ * stream is synchronized: two threads sharing a context never overwrite each other's (ctx.c). */
+void nbk_lock(nb_ctx *ctx);
+void nbk_unlock(nb_ctx *ctx);
+/* At least `bytes` of the context's device workspace on `device` (ctx.c; under nbk_lock). */
 nb_status nbk_workspace(nb_ctx *ctx, int device, size_t bytes, void **out);
 
 #endif

@@ -50,6 +50,7 @@ struct nb_ctx {
     volatile sig_atomic_t interrupted;
     nb_pool *pool;
     nb_backend backend;
+    pthread_mutex_t cuda_mu;    /* one device call at a time: they share the workspace */
 };
 
 const char *nb_version(void) { return NIBBLE_VERSION; }
@@ -275,6 +276,9 @@ static nb_status backend_init(nb_ctx *c, const nb_ctx_options *o) {
     return NB_OK;
 }
 
+void nbk_lock(nb_ctx *ctx) { pthread_mutex_lock(&ctx->cuda_mu); }
+void nbk_unlock(nb_ctx *ctx) { pthread_mutex_unlock(&ctx->cuda_mu); }
+
 nb_status nbk_workspace(nb_ctx *ctx, int device, size_t bytes, void **out) {
     nb_backend *b = &ctx->backend;
     if (b->cuda_workspace && b->cuda_workspace_bytes >= bytes && b->cuda_workspace_device == device) {
@@ -305,6 +309,7 @@ nb_status nb_ctx_new_opts(const nb_ctx_options *opts, nb_ctx **out) {
     if (!c) return NB_ERR_NOMEM;
     c->refcount = 1;
     pthread_mutex_init(&c->mem_mu, NULL);
+    pthread_mutex_init(&c->cuda_mu, NULL);
     nb_rng_seed(&c->rng, 0x6e6962626c65ull);  /* "nibble" */
     nb_status s = backend_init(c, &o);
     if (s == NB_OK) s = nb_ctx_set_threads(c, o.threads);
@@ -344,6 +349,7 @@ void nb_ctx_release(nb_ctx *ctx) {
     pool_free(ctx->pool);
     if (ctx->backend.cuda_workspace) nbk_device_free(ctx->backend.cuda_workspace);
     pthread_mutex_destroy(&ctx->mem_mu);
+    pthread_mutex_destroy(&ctx->cuda_mu);
     free(ctx);
 }
 

@@ -69,8 +69,12 @@ static nb_status device_run(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p
                             nb_tensor *out) {
     nbq_plan plan;
     nb_cuda_qargs ca;
+    nbk_lock(ctx);
     nb_status s = nbq_device_plan(ctx, x, p, what, &plan, &ca);
-    if (s) return s;
+    if (s) {
+        nbk_unlock(ctx);
+        return s;
+    }
     void *stream = nb_backend_of(ctx)->cuda_stream;
     if (!q) {
         s = nb_cuda_fake_quant(ctx, p->format, nb_tensor_data(x), x->dtype, plan.rows, plan.n, &ca, nb_tensor_data(out),
@@ -85,6 +89,7 @@ static nb_status device_run(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p
                                  nb_tensor_data(q->data), plan.tr->block_size ? nb_tensor_data(q->scale) : NULL, stream);
     }
     if (!s) s = nbk_stream_sync(ctx, stream);
+    nbk_unlock(ctx);
     nbq_plan_free(&plan);
     return s;
 }

@@ -91,7 +91,8 @@ struct nb_cuda_qargs;
 /* t (the `role`: "input", "output") may be used on its device: CUDA built, the device present, t
  * contiguous. NB_ERR_DEVICE (NB_ERR_UNSUPPORTED for a strided tensor) naming `what` otherwise. */
 nb_status nbq_device_check(nb_ctx *ctx, const nb_tensor *t, const char *what, const char *role);
-/* The CPU plan of device tensor x (from a host copy) and the kernel arguments, staged on x's device. */
+/* The CPU plan of device tensor x (from a host copy) and the kernel arguments, staged on x's device
+ * (in the context's workspace: call under nbk_lock, held until the kernel has run). */
 nb_status nbq_device_plan(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nbq_plan *plan,
                           struct nb_cuda_qargs *ca);
 /* Quantize x into q (both on x's device), fake-quantize x into out, dequantize q into out. */
