@@ -107,10 +107,15 @@ const nb_cpu_features *nb_cpu(void) {
     return &g_cpu;
 }
 
+/* The SIMD paths are x86-64 code built with GCC or Clang's target attributes; elsewhere only the
+ * scalar ones exist, whatever the features. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define NB_SIMD_BUILT 1
 static int has(uint32_t want) { return (nb_cpu()->flags & want) == want; }
+#endif
 
 int nb_cpu_simd_best(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef NB_SIMD_BUILT
     if (has(NB_CPU_AVX2 | NB_CPU_FMA | NB_CPU_AVX512F)) return NB_SIMD_AVX512;
     if (has(NB_CPU_AVX2 | NB_CPU_FMA)) return NB_SIMD_AVX2;
 #endif
@@ -118,7 +123,7 @@ int nb_cpu_simd_best(void) {
 }
 
 int nb_cpu_quant_best(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef NB_SIMD_BUILT
     const uint32_t avx2 = NB_CPU_AVX2 | NB_CPU_FMA | NB_CPU_F16C;
     if (has(avx2 | NB_CPU_AVX512F | NB_CPU_AVX512BW | NB_CPU_AVX512VL | NB_CPU_AVX512DQ)) return NB_SIMD_AVX512;
     if (has(avx2)) return NB_SIMD_AVX2;
