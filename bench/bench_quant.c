@@ -193,8 +193,8 @@ int main(int argc, char **argv) {
     uint8_t *dst = malloc((size_t)bytes);
     timing cp = time_memcpy(ctx, dst, xd, bytes, reps * 2);
     double gb = (double)bytes / 1e9;
-    printf("nibble bench_quant: %lldx%lld bf16 (%.1f MiB), %d threads, %d runs each; CPU path at load: %s\n", (long long)ROWS, (long long)COLS,
-           (double)bytes / 1048576.0, threads, reps, nb_quant_cpu_path());
+    printf("nibble bench_quant: %lldx%lld bf16 (%.1f MiB), %d threads, %d runs each; CPU path at the context's creation: %s\n", (long long)ROWS, (long long)COLS,
+           (double)bytes / 1048576.0, threads, reps, nb_quant_cpu_path(ctx));
     printf("memcpy of the same bytes (destination pre-faulted, reused): median %.3f ms = %.1f GB/s, best %.3f ms = %.1f GB/s, "
            "cpu %.3f ms\n",
            cp.wall * 1e3, gb / cp.wall, cp.best * 1e3, gb / cp.best, cp.cpu * 1e3);
@@ -295,10 +295,10 @@ int main(int argc, char **argv) {
                         cp.best * 1e3, gb / cp.best, 2.0 * gb / cp.best);
         bench_json_note(&js, "amax + NaN/Inf pass alone (reads the input once): median %.3f ms, best %.3f ms (%.2f of "
                         "memcpy's best time)", med * 1e3, best * 1e3, best / cp.best);
-        bench_json_note(&js, "CPU path chosen at load: %s; out: new = nb_quantize allocates the output each call, into = "
+        bench_json_note(&js, "CPU path chosen at the context's creation: %s; out: new = nb_quantize allocates the output each call, into = "
                         "nb_quantize_into reuses one; MiB = the least traffic the case needs (the input once, or twice "
                         "when the amax comes from the data, plus the outputs); min ms = that traffic at memcpy's best rate",
-                        nb_quant_cpu_path());
+                        nb_quant_cpu_path(ctx));
         for (int i = 0; i < nskipped; i++) bench_json_note(&js, "path %s: not available on this CPU", skipped[i]);
         free(t);
     }

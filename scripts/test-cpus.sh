@@ -25,8 +25,7 @@ NIBBLE="$BUILD/nibble"
 # or the one-line error nibble gives (a level this CPU lacks).
 probe() {
     env "$@" "$NIBBLE" -e 'local nb = require("nibble")
-nb.context()
-io.write(require("ffi").string(nb.C.nb_simd_level()), " ", nb.blas().core, "\n")' 2>&1 | head -n 1
+io.write(require("ffi").string(nb.C.nb_simd_level(nb.context())), " ", nb.blas().core, "\n")' 2>&1 | head -n 1
 }
 
 fails=0

@@ -1,4 +1,5 @@
-/* nb_ctx: errors, counted allocation, RNG, interrupt flag and the persistent thread pool.
+/* nb_ctx: errors, counted allocation, RNG, interrupt flag, the persistent thread pool and the backend
+ * table (backend.h), chosen here from the options and the environment, which is read nowhere else.
  * The pool runs one nb_parallel_for at a time: workers wait on a generation counter, take a
  * static chunk each, and the caller runs chunk 0 itself and then waits for the rest. */
 #include <errno.h>
@@ -12,7 +13,9 @@
 #include <unistd.h>
 
 #include "nibble/ctx.h"
-#include "model/internal.h"   /* nb_simd_env_status: a bad NIBBLE_SIMD fails context creation */
+#include "nibble/cuda.h"
+#include "nibble/quant_fast.h"
+#include "backend.h"
 #include "cpu/blas_internal.h"
 
 #ifndef NIBBLE_VERSION
@@ -46,6 +49,8 @@ struct nb_ctx {
     nb_rng rng;
     volatile sig_atomic_t interrupted;
     nb_pool *pool;
+    nb_backend backend;
+    pthread_mutex_t cuda_mu;    /* one device call at a time: they share the workspace */
 };
 
 const char *nb_version(void) { return NIBBLE_VERSION; }
@@ -167,9 +172,7 @@ void nb_parallel_for(nb_ctx *ctx, int64_t n, int64_t grain, nb_range_fn fn, void
 
 /* ---- context ------------------------------------------------------------------------------- */
 
-static int default_threads(void) {
-    const char *env = getenv("NIBBLE_THREADS");
-    if (env && atoi(env) > 0) return atoi(env);
+static int online_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
@@ -178,16 +181,138 @@ static int default_threads(void) {
  * nb_ctx_last_error(NULL) returns it. */
 static _Thread_local char g_new_error[NB_ERRLEN];
 
-nb_status nb_ctx_new(int threads, nb_ctx **out) {
+/* The backend of calls made without a context: the best paths this CPU has, no environment. Written
+ * once (the CPU does not change), read-only after. */
+static nb_backend g_default_backend;
+static pthread_once_t g_default_once = PTHREAD_ONCE_INIT;
+
+static void backend_defaults(nb_backend *b) {
+    memset(b, 0, sizeof *b);
+    b->simd_level = nb_cpu_simd_best();
+    b->simd = nb_simd_table_for(b->simd_level);
+    nbq_backend_set_path(NULL, b, "auto");
+}
+
+static void default_once(void) { backend_defaults(&g_default_backend); }
+
+const nb_backend *nb_backend_of(const nb_ctx *ctx) {
+    if (ctx) return &ctx->backend;
+    pthread_once(&g_default_once, default_once);
+    return &g_default_backend;
+}
+
+nb_backend *nb_ctx_backend(nb_ctx *ctx) { return &ctx->backend; }
+
+const nb_simd_table *nb_ctx_simd(const nb_ctx *ctx) { return nb_backend_of(ctx)->simd; }
+
+const char *nb_simd_level(const nb_ctx *ctx) { return nb_ctx_simd(ctx)->name; }
+
+/* An option's value, or the environment variable's when the option is unset (and the environment is read). */
+static const char *choose(const char *option, const char *env, const nb_ctx_options *o, int *from_env) {
+    *from_env = 0;
+    if (option) return option;
+    if (o->no_env) return NULL;
+    const char *v = getenv(env);
+    *from_env = v != NULL;
+    return v;
+}
+
+static nb_status set_simd(nb_ctx *ctx, const char *value, int from_env) {
+    const char *level;
+    nb_status s = nb_simd_select(ctx, value, nb_cpu_simd_best(), &level);
+    if (s && !from_env) {   /* the message names the option, not the variable */
+        char msg[NB_ERRLEN];
+        const char *m = strchr(ctx->last_error, '\'');
+        snprintf(msg, sizeof msg, "simd option %s", m ? m : ctx->last_error);
+        char *unset = strstr(msg, " (unset it for auto)");
+        if (unset) *unset = 0;
+        return nb_fail(ctx, s, "%s", msg);
+    }
+    if (s) return s;
+    ctx->backend.simd_level = nb_simd_level_of(level);
+    ctx->backend.simd = nb_simd_table_for(ctx->backend.simd_level);
+    return NB_OK;
+}
+
+nb_status nb_ctx_set_simd(nb_ctx *ctx, const char *level) {
+    if (!ctx) return NB_ERR_INVALID;
+    return set_simd(ctx, level ? level : "auto", 0);
+}
+
+const char *nb_simd_force(nb_ctx *ctx, const char *name) {
+    int l = nb_simd_level_of(name);
+    if (l >= 0 && l <= nb_cpu_simd_best()) {
+        ctx->backend.simd_level = l;
+        ctx->backend.simd = nb_simd_table_for(l);
+    }
+    return ctx->backend.simd->name;
+}
+
+/* The backend from the options and the environment: the one place NIBBLE_THREADS, NIBBLE_SIMD,
+ * NIBBLE_QUANT_PATH and NIBBLE_GEMM are read. */
+static nb_status backend_init(nb_ctx *c, const nb_ctx_options *o) {
+    nb_backend *b = &c->backend;
+    backend_defaults(b);
+    int from_env;
+    const char *v = choose(NULL, "NIBBLE_THREADS", o, &from_env);
+    b->env_threads = v && atoi(v) > 0 ? atoi(v) : 0;
+    v = choose(o->simd, "NIBBLE_SIMD", o, &from_env);
+    nb_status s = set_simd(c, v, from_env);
+    if (s) return s;
+    v = choose(o->quant_path, "NIBBLE_QUANT_PATH", o, &from_env);
+    if (v && *v && (s = nbq_backend_set_path(c, b, v))) {
+        if (!from_env) return s;
+        /* a bad NIBBLE_QUANT_PATH: auto runs, and every quantize on this context says why it will not */
+        b->quant_env_status = s;
+        snprintf(b->quant_env_value, sizeof b->quant_env_value, "%.60s", v);
+        nb_ctx_clear_error(c);
+    }
+    v = choose(o->gemm, "NIBBLE_GEMM", o, &from_env);
+    if (v && !from_env && strcmp(v, "pool") && strcmp(v, "openblas"))
+        return nb_fail(c, NB_ERR_INVALID, "gemm option '%.60s': expected pool or openblas", v);
+    b->gemm_openblas = v && !strcmp(v, "openblas");
+    b->cuda_device = o->cuda_device;
+    b->cuda_stream = o->cuda_stream;
+    return NB_OK;
+}
+
+void nbk_lock(nb_ctx *ctx) { pthread_mutex_lock(&ctx->cuda_mu); }
+void nbk_unlock(nb_ctx *ctx) { pthread_mutex_unlock(&ctx->cuda_mu); }
+
+nb_status nbk_workspace(nb_ctx *ctx, int device, size_t bytes, void **out) {
+    nb_backend *b = &ctx->backend;
+    if (b->cuda_workspace && b->cuda_workspace_bytes >= bytes && b->cuda_workspace_device == device) {
+        *out = b->cuda_workspace;
+        return NB_OK;
+    }
+    nbk_device_free(b->cuda_workspace);
+    b->cuda_workspace = NULL;
+    b->cuda_workspace_bytes = 0;
+    size_t want = bytes < 4096 ? 4096 : bytes;
+    nb_status s = nbk_device_alloc(ctx, device, want, &b->cuda_workspace);
+    if (s) return s;
+    b->cuda_workspace_bytes = want;
+    b->cuda_workspace_device = device;
+    *out = b->cuda_workspace;
+    return NB_OK;
+}
+
+void nb_ctx_options_init(nb_ctx_options *o) { memset(o, 0, sizeof *o); }
+
+nb_status nb_ctx_new_opts(const nb_ctx_options *opts, nb_ctx **out) {
     *out = NULL;
     g_new_error[0] = 0;
+    nb_ctx_options o;
+    if (opts) o = *opts;
+    else nb_ctx_options_init(&o);
     nb_ctx *c = calloc(1, sizeof *c);
     if (!c) return NB_ERR_NOMEM;
     c->refcount = 1;
     pthread_mutex_init(&c->mem_mu, NULL);
+    pthread_mutex_init(&c->cuda_mu, NULL);
     nb_rng_seed(&c->rng, 0x6e6962626c65ull);  /* "nibble" */
-    nb_status s = nb_simd_env_status(c);
-    if (s == NB_OK) s = nb_ctx_set_threads(c, threads);
+    nb_status s = backend_init(c, &o);
+    if (s == NB_OK) s = nb_ctx_set_threads(c, o.threads);
     /* the BLAS is loaded (and its kernels checked) before anything can multiply */
     if (s == NB_OK) s = nb_blas_load(c);
     if (s != NB_OK) {
@@ -199,12 +324,32 @@ nb_status nb_ctx_new(int threads, nb_ctx **out) {
     return NB_OK;
 }
 
+nb_status nb_ctx_new(int threads, nb_ctx **out) {
+    nb_ctx_options o;
+    nb_ctx_options_init(&o);
+    o.threads = threads;
+    return nb_ctx_new_opts(&o, out);
+}
+
+int nb_ctx_describe_backend(const nb_ctx *ctx, char *buf, size_t n) {
+    const nb_backend *b = nb_backend_of(ctx);
+    int ndev = nb_cuda_device_count();
+    char cuda[96];
+    if (!nb_cuda_built()) snprintf(cuda, sizeof cuda, "not built");
+    else snprintf(cuda, sizeof cuda, "device %d (built, %d device%s)", b->cuda_device, ndev, ndev == 1 ? "" : "s");
+    return snprintf(buf, n, "cpu: simd %s, quantizers %s, gemm %s, %d thread%s; cuda: %s", b->simd->name,
+                    nb_quant_cpu_path(ctx), b->gemm_openblas ? "openblas" : "pool", ctx ? ctx->threads : 1,
+                    ctx && ctx->threads == 1 ? "" : "s", cuda);
+}
+
 void nb_ctx_retain(nb_ctx *ctx) { if (ctx) __atomic_add_fetch(&ctx->refcount, 1, __ATOMIC_RELAXED); }
 
 void nb_ctx_release(nb_ctx *ctx) {
     if (!ctx || __atomic_sub_fetch(&ctx->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
     pool_free(ctx->pool);
+    if (ctx->backend.cuda_workspace) nbk_device_free(ctx->backend.cuda_workspace);
     pthread_mutex_destroy(&ctx->mem_mu);
+    pthread_mutex_destroy(&ctx->cuda_mu);
     free(ctx);
 }
 
@@ -228,7 +373,7 @@ nb_status nb_fail(nb_ctx *ctx, nb_status code, const char *fmt, ...) {
 int nb_ctx_threads(const nb_ctx *ctx) { return ctx->threads; }
 
 nb_status nb_ctx_set_threads(nb_ctx *ctx, int threads) {
-    if (threads <= 0) threads = default_threads();
+    if (threads <= 0) threads = ctx->backend.env_threads > 0 ? ctx->backend.env_threads : online_cpus();
     if (threads > NB_MAX_THREADS) threads = NB_MAX_THREADS;
     if (ctx->pool && ctx->threads == threads) return NB_OK;
     pool_free(ctx->pool);

@@ -1,4 +1,4 @@
-/* Refcounted buffers (heap, mmap, external) and tensors as strided views over them. */
+/* Refcounted buffers (heap, mmap, external, CUDA device memory) and tensors as strided views over them. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "nibble/tensor.h"
+#include "backend.h"
 
 struct nb_buffer {
     int refcount;
@@ -18,6 +19,7 @@ struct nb_buffer {
     nb_ctx *ctx;                 /* retained: counts heap bytes, outlives handles */
     void (*free_fn)(void *);
     void *user;
+    int device;                  /* -1 host; >= 0 the CUDA device of NB_BUF_DEVICE memory */
 };
 
 /* ---- buffers ------------------------------------------------------------------------------ */
@@ -26,6 +28,7 @@ static nb_status buffer_alloc_struct(nb_ctx *ctx, nb_buffer **out) {
     nb_buffer *b = calloc(1, sizeof *b);
     if (!b) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (buffer header)");
     b->refcount = 1;
+    b->device = -1;
     b->ctx = ctx;
     nb_ctx_retain(ctx);
     *out = b;
@@ -110,7 +113,7 @@ void nb_buffer_release(nb_buffer *b) {
     case NB_BUF_HEAP: nb_dealloc(b->ctx, b->data, b->size); break;
     case NB_BUF_MMAP: if (b->data) munmap(b->data, b->size); break;
     case NB_BUF_EXTERNAL: if (b->free_fn) b->free_fn(b->user); break;
-    case NB_BUF_DEVICE: break;
+    case NB_BUF_DEVICE: nbk_device_free(b->data); break;
     }
     nb_ctx_release(b->ctx);
     free(b);
@@ -177,6 +180,7 @@ nb_status nb_tensor_wrap(nb_ctx *ctx, nb_buffer *buf, nb_dtype dt, int ndim, con
     set_contiguous_strides(t);
     t->offset = offset;
     t->buf = buf;
+    t->device = buf->device;
     nb_buffer_retain(buf);
     *out = t;
     return NB_OK;
@@ -318,7 +322,17 @@ static int64_t elem_offset(const nb_tensor *t, int64_t linear) {
     return off;
 }
 
+/* The host-memory operations below refuse a device tensor instead of reading a device address. */
+static nb_status host_only(nb_ctx *ctx, const nb_tensor *t, const char *op) {
+    if (t->device < 0) return NB_OK;
+    return nb_fail(ctx, NB_ERR_DEVICE, "%s: the tensor is on CUDA device %d (nb_tensor_to_device copies it to the host)", op,
+                   t->device);
+}
+
 nb_status nb_tensor_copy(nb_ctx *ctx, nb_tensor *dst, const nb_tensor *src) {
+    nb_status sd = host_only(ctx, dst, "copy");
+    if (!sd) sd = host_only(ctx, src, "copy");
+    if (sd) return sd;
     if (dst->ndim != src->ndim) return nb_fail(ctx, NB_ERR_SHAPE, "copy: ndim %d vs %d", dst->ndim, src->ndim);
     for (int i = 0; i < dst->ndim; i++)
         if (dst->shape[i] != src->shape[i])
@@ -345,7 +359,10 @@ nb_status nb_tensor_contiguous(nb_ctx *ctx, const nb_tensor *t, nb_tensor **out)
 }
 
 nb_status nb_tensor_to(nb_ctx *ctx, const nb_tensor *t, nb_dtype dt, nb_tensor **out) {
-    nb_status s = nb_tensor_new(ctx, dt, t->ndim, t->shape, out);
+    *out = NULL;
+    nb_status s = host_only(ctx, t, dt == t->dtype ? "contiguous" : "to");
+    if (s) return s;
+    s = nb_tensor_new(ctx, dt, t->ndim, t->shape, out);
     if (s) return s;
     if ((s = nb_tensor_copy(ctx, *out, t))) { nb_tensor_release(*out); *out = NULL; }
     return s;
@@ -363,6 +380,7 @@ static int64_t index_offset(const nb_tensor *t, const int64_t *idx, int64_t *lin
 }
 
 double nb_tensor_get(const nb_tensor *t, const int64_t *idx) {
+    if (t->device >= 0) return NAN;
     int64_t lin;
     int64_t off = index_offset(t, idx, &lin);
     if (off < 0) return NAN;
@@ -371,6 +389,8 @@ double nb_tensor_get(const nb_tensor *t, const int64_t *idx) {
 }
 
 nb_status nb_tensor_set(nb_ctx *ctx, nb_tensor *t, const int64_t *idx, double v) {
+    nb_status sd = host_only(ctx, t, "set");
+    if (sd) return sd;
     int64_t lin;
     int64_t off = index_offset(t, idx, &lin);
     if (off < 0) return nb_fail(ctx, NB_ERR_INVALID, "set: index out of range");
@@ -378,4 +398,74 @@ nb_status nb_tensor_set(nb_ctx *ctx, nb_tensor *t, const int64_t *idx, double v)
     if (is_packed(t->dtype)) nb_store_elem(nb_tensor_data(t), t->dtype, lin, v);
     else nb_store_elem((uint8_t *)nb_tensor_data(t) + off, t->dtype, 0, v);
     return NB_OK;
+}
+
+static nb_status host_contiguous(nb_ctx *ctx, const nb_tensor *t, nb_tensor **out) {
+    if (nb_tensor_is_contiguous(t)) {
+        nb_tensor_retain((nb_tensor *)t);
+        *out = (nb_tensor *)t;
+        return NB_OK;
+    }
+    return nb_tensor_contiguous(ctx, t, out);
+}
+
+/* ---- device tensors ------------------------------------------------------------------------- */
+
+static int resolve_device(const nb_ctx *ctx, int device) {
+    return device == NB_DEVICE_CTX ? nb_backend_of(ctx)->cuda_device : device;
+}
+
+nb_status nb_tensor_new_on(nb_ctx *ctx, int device, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out) {
+    *out = NULL;
+    device = resolve_device(ctx, device);
+    if (device == NB_DEVICE_HOST) return nb_tensor_new_uninit(ctx, dt, ndim, shape, out);
+    if (device < 0) return nb_fail(ctx, NB_ERR_INVALID, "device %d: expected -1 (host), -2 (the context's) or a CUDA device", device);
+    nb_status s = check_shape(ctx, dt, ndim, shape);
+    if (s) return s;
+    size_t bytes = (size_t)nb_dtype_nbytes(dt, numel_of(ndim, shape));
+    void *p = NULL;
+    if ((s = nbk_device_alloc(ctx, device, bytes, &p))) return s;
+    nb_buffer *b = NULL;
+    if ((s = buffer_alloc_struct(ctx, &b))) {
+        nbk_device_free(p);
+        return s;
+    }
+    b->kind = NB_BUF_DEVICE;
+    b->data = p;
+    b->size = bytes;
+    b->device = device;
+    s = nb_tensor_wrap(ctx, b, dt, ndim, shape, 0, out);
+    nb_buffer_release(b);
+    return s;
+}
+
+nb_status nb_tensor_to_device(nb_ctx *ctx, const nb_tensor *t, int device, nb_tensor **out) {
+    *out = NULL;
+    if (!t) return nb_fail(ctx, NB_ERR_INVALID, "to_device: tensor is NULL");
+    device = resolve_device(ctx, device);
+    nb_tensor *src = NULL;
+    nb_status s;
+    if (t->device < 0) {
+        if ((s = host_contiguous(ctx, t, &src))) return s;
+    } else {
+        if (!nb_tensor_is_contiguous(t))
+            return nb_fail(ctx, NB_ERR_UNSUPPORTED, "to_device: a strided tensor on CUDA device %d (copy it contiguous there first)",
+                           t->device);
+        nb_tensor_retain((nb_tensor *)t);
+        src = (nb_tensor *)t;
+    }
+    if ((s = nb_tensor_new_on(ctx, device, src->dtype, src->ndim, src->shape, out))) {
+        nb_tensor_release(src);
+        return s;
+    }
+    int dir = src->device < 0 ? (device < 0 ? -1 : 0) : (device < 0 ? 1 : 2);
+    size_t bytes = (size_t)nb_tensor_nbytes(src);
+    if (dir < 0) memcpy(nb_tensor_data(*out), nb_tensor_data(src), bytes);
+    else s = nbk_memcpy(ctx, nb_tensor_data(*out), nb_tensor_data(src), bytes, dir, nb_backend_of(ctx)->cuda_stream);
+    nb_tensor_release(src);
+    if (s) {
+        nb_tensor_release(*out);
+        *out = NULL;
+    }
+    return s;
 }

@@ -210,7 +210,8 @@ static void test_ce(nb_ctx *ctx, int64_t n, int64_t V) {
 /* The small-head-dim attention blocks of the row-kernel table in use, against double loops, on
  * every tail: row counts around the register blocks, key counts around the 8/16/32-key vectors,
  * head dims with and without a remainder of hd % 8, and leading dimensions wider than the block. */
-static void test_att_rows(void) {
+static void test_att_rows(nb_ctx *lc) {
+    const nb_simd_table *K = nb_ctx_simd(lc);
     static const int64_t ms[] = {1, 2, 3, 5, 9}, ns[] = {1, 7, 15, 16, 17, 31, 33, 47}, hds[] = {4, 8, 12, 16, 24};
     for (size_t im = 0; im < sizeof ms / sizeof *ms; im++)
         for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
@@ -221,7 +222,7 @@ static void test_att_rows(void) {
                 double *Sd = dz(m * lds), *Od = dz(m * ldq), *Cd = tod(C, hd * ldk);
                 float *Sk = malloc(sizeof(float) * (size_t)(m * lds));
                 memcpy(Sk, S, sizeof(float) * (size_t)(m * lds));
-                nb_simd.rows_qk(Q, ldq, m, Kt, ldk, n, hd, 0.5f, S, lds);
+                K->rows_qk(Q, ldq, m, Kt, ldk, n, hd, 0.5f, S, lds);
                 for (int64_t r = 0; r < m; r++)
                     for (int64_t c = 0; c < lds; c++) {
                         double t = 0;
@@ -230,10 +231,10 @@ static void test_att_rows(void) {
                     }
                 CHECK_CLOSE(S, Sd, m * lds, 1e-6);
                 /* P = S (as probabilities); rows_pv reads Kt as V^T, rows_pvr the row-major V */
-                nb_simd.rows_pv(S, lds, m, n, Kt, ldk, hd, O, ldq);
+                K->rows_pv(S, lds, m, n, Kt, ldk, hd, O, ldq);
                 for (int64_t c = 0; c < n; c++)
                     for (int64_t d = 0; d < hd; d++) V[c * ldq + d] = Kt[d * ldk + c];
-                nb_simd.rows_pvr(S, lds, m, n, V, ldq, hd, O2, ldq);
+                K->rows_pvr(S, lds, m, n, V, ldq, hd, O2, ldq);
                 for (int64_t r = 0; r < m; r++)
                     for (int64_t d = 0; d < hd; d++) {
                         double t = 0;
@@ -243,7 +244,7 @@ static void test_att_rows(void) {
                 CHECK_CLOSE(O, Od, m * ldq, 1e-6);
                 CHECK_CLOSE(O2, Od, m * ldq, 1e-6);
                 /* Ct[d][c] += sum_r S[r][c] Q[r][d] for c < n; the rest of each Ct row untouched */
-                nb_simd.rows_tn(S, lds, m, n, Q, ldq, hd, C, ldk);
+                K->rows_tn(S, lds, m, n, Q, ldq, hd, C, ldk);
                 for (int64_t d = 0; d < hd; d++)
                     for (int64_t c = 0; c < n; c++)
                         for (int64_t r = 0; r < m; r++) Cd[d * ldk + c] += (double)S[r * lds + c] * Q[r * ldq + d];
@@ -254,15 +255,13 @@ static void test_att_rows(void) {
 
 /* The AVX-512 softmax row (exp_sub_sum) takes its last n % 16 elements as the AVX2 row does, to
  * the bit: the forward's probabilities must not move (golden tests with FP8 rounding downstream). */
-static void test_exp_tail_bits(void) {
-    if (strcmp(nb_simd_force("avx512"), "avx512") != 0) return;
+static void test_exp_tail_bits(nb_ctx *lc) {
+    if (strcmp(nb_simd_force(lc, "avx512"), "avx512") != 0) return;
     for (int64_t n = 0; n < 16; n++) {
         float *x = frand(n, 6), *y = malloc(sizeof(float) * 16);
         memcpy(y, x, sizeof(float) * (size_t)n);
-        nb_simd_force("avx2");
-        float s2 = nb_simd.exp_sub_sum(x, n, 0.75f);
-        nb_simd_force("avx512");
-        float s5 = nb_simd.exp_sub_sum(y, n, 0.75f);
+        float s2 = nb_simd_table_for(NB_SIMD_AVX2)->exp_sub_sum(x, n, 0.75f);
+        float s5 = nb_simd_table_for(NB_SIMD_AVX512)->exp_sub_sum(y, n, 0.75f);
         CHECK_MSG(memcmp(&s2, &s5, sizeof s2) == 0, "exp_sub_sum n=%lld: sum %.9g vs %.9g", (long long)n, s2, s5);
         CHECK_MSG(n == 0 || memcmp(x, y, sizeof(float) * (size_t)n) == 0, "exp_sub_sum n=%lld: values differ", (long long)n);
         free(x);
@@ -272,15 +271,18 @@ static void test_exp_tail_bits(void) {
 
 int main(void) {
     nb_rng_seed(&rng, 777);
-    test_exp_tail_bits();
+    nb_ctx *lc = NULL;   /* the context whose level the row tests force */
+    if (nb_ctx_new(1, &lc)) return 1;
+    test_exp_tail_bits(lc);
     const char *paths[3] = {"scalar", "avx2", "avx512"};
     for (int p = 0; p < 3; p++) {
-    if (strcmp(nb_simd_force(paths[p]), paths[p]) != 0) { printf("no %s path on this CPU\n", paths[p]); continue; }
+    if (strcmp(nb_simd_force(lc, paths[p]), paths[p]) != 0) { printf("no %s path on this CPU\n", paths[p]); continue; }
     printf("row kernels: %s\n", paths[p]);
-    test_att_rows();
+    test_att_rows(lc);
     for (int threads = 1; threads <= 2; threads++) {
         nb_ctx *ctx = NULL;
         if (nb_ctx_new(threads, &ctx)) return 1;
+        nb_simd_force(ctx, paths[p]);
         test_rmsnorm(ctx, 5, 64);
         test_rmsnorm(ctx, 300, 8);
         test_rope(ctx, 12, 4, 0, 3, 8);
@@ -315,5 +317,6 @@ int main(void) {
         nb_ctx_release(ctx);
     }
     }
+    nb_ctx_release(lc);
     return nbt_done("test_ops_fast");
 }

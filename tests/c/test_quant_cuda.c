@@ -1,7 +1,9 @@
 /* The CUDA quantization kernels against the scalar reference rows, bit for bit: quantize (data and
  * scale bytes), fake quant and dequantize of every format, static and dynamic, F32/BF16/F16 in and
- * out, on random and adversarial rows, plus every MXFP8 binade edge. Without a GPU (or without a
- * CUDA build) it checks that each entry point fails with NB_ERR_DEVICE, then exits 77 (skipped). */
+ * out, on random and adversarial rows, plus every MXFP8 binade edge; and the same entry points the
+ * CPU uses (nb_quantize, nb_quantize_into, nb_fake_quant, nb_qtensor_dequantize) on device tensors
+ * against those calls on the host. Without a GPU (or without a CUDA build) it checks that each
+ * entry point fails with NB_ERR_DEVICE, then exits 77 (skipped). */
 #include "nbtest.h"
 #include <stdint.h>
 
@@ -23,6 +25,14 @@ static int no_device(nb_ctx *ctx) {
     CHECK_FAIL(ctx, nb_cuda_quantize(ctx, NB_FMT_NVFP4_46, x, NB_BF16, 1, 32, &a, q, s, NULL), NB_ERR_DEVICE, why);
     CHECK_FAIL(ctx, nb_cuda_dequantize(ctx, NB_FMT_NVFP4, q, s, 1, 32, &a, y, NB_F16, NULL), NB_ERR_DEVICE, why);
     CHECK_FAIL(ctx, nb_cuda_fake_quant(ctx, NB_FMT_MXFP8, x, NB_F32, 1, 32, &a, y, NB_F32, NULL), NB_ERR_DEVICE, why);
+    /* the tensor entry points: no device tensor can be made (test_backend dispatches a pretended one) */
+    int64_t sh[2] = {1, 32};
+    nb_tensor *t = NULL, *d = NULL;
+    CHECK_OK(ctx, nb_tensor_from_data(ctx, NB_F32, 2, sh, x, &t));
+    CHECK_FAIL(ctx, nb_tensor_to_device(ctx, t, 0, &d), NB_ERR_DEVICE, "cuda device 0");
+    CHECK_FAIL(ctx, nb_tensor_new_on(ctx, NB_DEVICE_CTX, NB_BF16, 2, sh, &d), NB_ERR_DEVICE, "cuda device 0");
+    CHECK(d == NULL);
+    nb_tensor_release(t);
     if (nbt_failures) return nbt_done("test_quant_cuda");
     printf("SKIP: %s; every CUDA quantization entry point returned NB_ERR_DEVICE (%d checks)\n", why, nbt_checks);
     return 77;
@@ -346,6 +356,118 @@ static void test_errors(nb_ctx *ctx) {
                "f32, bf16 or f16 only");
 }
 
+/* ---- the tensor entry points on device tensors ---------------------------------------------------------- */
+
+/* A host tensor back from the device. */
+static nb_tensor *to_host(nb_ctx *ctx, const nb_tensor *t) {
+    nb_tensor *h = NULL;
+    CHECK_OK(ctx, nb_tensor_to_device(ctx, t, NB_DEVICE_HOST, &h));
+    return h;
+}
+
+static int same_bytes(nb_ctx *ctx, const nb_tensor *host, const nb_tensor *dev) {
+    if (!host || !dev) return host == dev;
+    nb_tensor *h = to_host(ctx, dev);
+    int same = h && h->device == -1 && dev->device >= 0 && nb_tensor_nbytes(h) == nb_tensor_nbytes(host) &&
+               !memcmp(nb_tensor_data(h), nb_tensor_data(host), (size_t)nb_tensor_nbytes(host));
+    nb_tensor_release(h);
+    return same;
+}
+
+static int same_qtensor(nb_ctx *ctx, const nb_qtensor *h, const nb_qtensor *d) {
+    return h && d && h->format == d->format && same_bytes(ctx, h->data, d->data) && same_bytes(ctx, h->scale, d->scale) &&
+           same_bytes(ctx, h->scale2, d->scale2);
+}
+
+/* nb_quantize / nb_quantize_into / nb_fake_quant / nb_qtensor_dequantize with x on the device against
+ * the same calls on the host copy (whose paths are bit-equal to the references), every format, F32
+ * and BF16 inputs, dynamic and static NVFP4, both MXFP8 rules, FP8 per tensor and per row. */
+static void test_tensor_entry_points(nb_ctx *ctx) {
+    enum { R = 37, N = 256 };
+    int64_t sh[2] = {R, N}, bsh[2] = {R, N / NB_NVFP4_BLOCK};
+    float *xf = malloc(sizeof(float) * R * N), *bam = malloc(sizeof(float) * R * (N / NB_NVFP4_BLOCK));
+    int64_t n_calls = 0;
+    for (int dt = 0; dt < 2; dt++) {
+        nb_dtype xdt = dt ? NB_BF16 : NB_F32;
+        for (int64_t i = 0; i < R * N; i++) xf[i] = (float)(nb_rng_normal(&nbt_rng) * ldexp(1.0, (int)(i / N % 9) - 4));
+        for (int64_t b = 0; b < R * (N / NB_NVFP4_BLOCK); b++) {
+            float m = 0.0f;
+            for (int k = 0; k < NB_NVFP4_BLOCK; k++) m = fmaxf(m, fabsf(xf[b * NB_NVFP4_BLOCK + k]));
+            bam[b] = m * 1.25f;   /* calibrated on other data: larger than this block's */
+        }
+        nb_tensor *xh32 = NULL, *xh = NULL, *xd = NULL, *bt = NULL;
+        CHECK_OK(ctx, nb_tensor_from_data(ctx, NB_F32, 2, sh, xf, &xh32));
+        CHECK_OK(ctx, nb_tensor_to(ctx, xh32, xdt, &xh));
+        CHECK_OK(ctx, nb_tensor_to_device(ctx, xh, 0, &xd));
+        CHECK_OK(ctx, nb_tensor_from_data(ctx, NB_F32, 2, bsh, bam, &bt));
+        if (!xd || !bt) break;
+        CHECK(xd->device == 0 && nb_buffer_kind_of(xd->buf) == NB_BUF_DEVICE && same_bytes(ctx, xh, xd));
+        for (int c = 0; c < 7; c++) {
+            static const nb_qformat F[7] = {NB_FMT_NVFP4, NB_FMT_NVFP4, NB_FMT_NVFP4_46, NB_FMT_MXFP8, NB_FMT_MXFP8,
+                                            NB_FMT_FP8_TENSOR, NB_FMT_FP8_CHANNEL};
+            nb_qparams p;
+            nb_qparams_init(&p, F[c]);
+            if (c == 1) p.block_amax = bt;   /* static NVFP4: the calibrated state stays on the host */
+            if (c == 4) p.mx_floor = 1;
+            p.name = "w";
+            nb_qtensor *qh = NULL, *qd = NULL;
+            CHECK_OK(ctx, nb_quantize(ctx, xh, &p, &qh));
+            CHECK_OK(ctx, nb_quantize(ctx, xd, &p, &qd));
+            CHECK_MSG(qd && qd->data->device == 0 && qd->scale->device == 0, "case %d: quantized tensor not on the device", c);
+            CHECK_MSG(same_qtensor(ctx, qh, qd), "case %d (%s, %s input): device quantize differs from the host's", c,
+                      nb_qformat_info(F[c])->name, nb_dtype_info(xdt)->name);
+            if (qd) CHECK_OK(ctx, nb_quantize_into(ctx, xd, &p, qd));
+            CHECK_MSG(same_qtensor(ctx, qh, qd), "case %d: nb_quantize_into on the device differs", c);
+            for (int yt = 0; yt < 2; yt++) {
+                nb_dtype ydt = yt ? NB_BF16 : NB_F32;
+                nb_tensor *yh = NULL, *yd = NULL, *dh = NULL, *dd = NULL;
+                CHECK_OK(ctx, nb_tensor_new(ctx, ydt, 2, sh, &yh));
+                CHECK_OK(ctx, nb_tensor_new_on(ctx, 0, ydt, 2, sh, &yd));
+                CHECK_OK(ctx, nb_fake_quant(ctx, xh, &p, yh));
+                CHECK_OK(ctx, nb_fake_quant(ctx, xd, &p, yd));
+                CHECK_MSG(same_bytes(ctx, yh, yd), "case %d: device fake quant (%s out) differs", c, nb_dtype_info(ydt)->name);
+                CHECK_OK(ctx, nb_qtensor_dequantize(ctx, qh, ydt, &dh));
+                if (qd) CHECK_OK(ctx, nb_qtensor_dequantize(ctx, qd, ydt, &dd));
+                CHECK_MSG(dd && dd->device == 0 && same_bytes(ctx, dh, dd), "case %d: device dequantize differs", c);
+                if (c == 0 && yt == 0) {   /* an output elsewhere is refused, naming both places */
+                    CHECK_FAIL(ctx, nb_fake_quant(ctx, xd, &p, yh), NB_ERR_DEVICE,
+                               "w: the input is on CUDA device 0, the output on the host");
+                    CHECK_FAIL(ctx, nb_qtensor_dequantize_into(ctx, qd, yh), NB_ERR_DEVICE,
+                               "dequantize: the input is on CUDA device 0, the output on the host");
+                    CHECK_FAIL(ctx, nb_quantize_into(ctx, xh, &p, qd), NB_ERR_DEVICE,
+                               "w: the input is on the host, the output on CUDA device 0");
+                }
+                n_calls += 2;
+                nb_tensor_release(yh);
+                nb_tensor_release(yd);
+                nb_tensor_release(dh);
+                nb_tensor_release(dd);
+            }
+            nb_qtensor_release(qh);
+            nb_qtensor_release(qd);
+        }
+        /* a NaN is found and named as on the host (the plan is resolved from a host copy) */
+        xf[5 * N + 3] = NAN;
+        nb_tensor *xn = NULL, *xnd = NULL;
+        CHECK_OK(ctx, nb_tensor_from_data(ctx, NB_F32, 2, sh, xf, &xn));
+        CHECK_OK(ctx, nb_tensor_to_device(ctx, xn, 0, &xnd));
+        nb_qparams p;
+        nb_qparams_init(&p, NB_FMT_FP8_TENSOR);
+        nb_qtensor *qn = NULL;
+        if (xnd) CHECK_FAIL(ctx, nb_quantize(ctx, xnd, &p, &qn), NB_ERR_NUMERIC, "NaN");
+        CHECK(qn == NULL);
+        nb_tensor_release(xn);
+        nb_tensor_release(xnd);
+        nb_tensor_release(xh32);
+        nb_tensor_release(xh);
+        nb_tensor_release(xd);
+        nb_tensor_release(bt);
+    }
+    printf("device-tensor entry points compared with the host's: %lld fake quant / dequantize pairs\n", (long long)n_calls);
+    free(xf);
+    free(bam);
+}
+
 int main(void) {
     nb_ctx *ctx = NULL;
     CHECK_OK(ctx, nb_ctx_new(2, &ctx));
@@ -358,6 +480,7 @@ int main(void) {
     test_fp8_odd_rows(ctx);
     test_fp8_boundaries(ctx);
     test_nonfinite(ctx);
+    test_tensor_entry_points(ctx);
     printf("configurations compared bit for bit with the scalar reference: %lld\n", (long long)n_cases);
     nb_ctx_release(ctx);
     return nbt_done("test_quant_cuda");

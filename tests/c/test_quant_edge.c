@@ -455,7 +455,7 @@ static int env_child(void) {
     nb_qparams_init(&p, NB_FMT_NVFP4);
     nb_qtensor *q = NULL;
     nb_status s = nb_quantize(c, x, &p, &q);
-    printf("path=%s status=%s msg=%s\n", nb_quant_cpu_path(), nb_status_name(s), s ? nb_ctx_last_error(c) : "");
+    printf("path=%s status=%s msg=%s\n", nb_quant_cpu_path(c), nb_status_name(s), s ? nb_ctx_last_error(c) : "");
     nb_tensor *d = NULL;
     nb_qtensor *q0 = NULL;
     nb_qtensor_new(c, NB_FMT_NVFP4, 2, sh, &q0);

@@ -537,8 +537,8 @@ static void test_drivers(nb_ctx *ctx, const char *path) {
 /* The dispatcher's choice at load and nb_quant_set_cpu_path's names. Returns whether the CPU has AVX2
  * (else only the portable pieces can run). */
 static int test_path_choice(nb_ctx *ctx) {
-    const char *path = nb_quant_cpu_path();
-    printf("quantizer CPU path chosen at load: %s (CPU has AVX2+FMA+F16C: %s)\n", path, nbq_cpu_has_avx2() ? "yes" : "no");
+    const char *path = nb_quant_cpu_path(ctx);
+    printf("quantizer CPU path chosen at the context's creation: %s (CPU has AVX2+FMA+F16C: %s)\n", path, nbq_cpu_has_avx2() ? "yes" : "no");
     if (!nbq_cpu_has_avx2()) {
         CHECK(strcmp(path, "reference") == 0 || getenv("NIBBLE_QUANT_PATH"));
         CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "avx2"), NB_ERR_UNSUPPORTED, "lacks AVX2");
@@ -548,11 +548,11 @@ static int test_path_choice(nb_ctx *ctx) {
     if (!getenv("NIBBLE_QUANT_PATH")) CHECK(strcmp(path, best) == 0);
     CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "sse9"), NB_ERR_INVALID, "expected auto, avx512, avx2 or reference");
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "reference"));
-    CHECK(strcmp(nb_quant_cpu_path(), "reference") == 0);
+    CHECK(strcmp(nb_quant_cpu_path(ctx), "reference") == 0);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "avx2"));
-    CHECK(strcmp(nb_quant_cpu_path(), "avx2") == 0);
+    CHECK(strcmp(nb_quant_cpu_path(ctx), "avx2") == 0);
     CHECK_OK(ctx, nb_quant_set_cpu_path(ctx, "auto"));
-    CHECK(strcmp(nb_quant_cpu_path(), best) == 0);
+    CHECK(strcmp(nb_quant_cpu_path(ctx), best) == 0);
     if (!nbq_cpu_has_avx512())
         CHECK_FAIL(ctx, nb_quant_set_cpu_path(ctx, "avx512"), NB_ERR_UNSUPPORTED, "lacks AVX-512");
     return 1;

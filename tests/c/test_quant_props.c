@@ -645,16 +645,16 @@ static void threads_and_dispatch(void) {
         nb_quantizer_release(a);
         nb_quantizer_release(b);
     }
-    /* the drivers call the traits table's row function: a swapped one is used, NULL restores */
+    /* the drivers call the context's row function: a swapped one is used, NULL restores */
     nb_qparams p;
     nb_qparams_init(&p, NB_FMT_MXFP8);
     nb_qtensor *q1 = NULL, *q2 = NULL;
-    CHECK_OK(ctx, nb_qformat_set_rows(ctx, NB_FMT_MXFP8, counting_quantize, NULL, NULL));
-    CHECK(nb_qformat_info(NB_FMT_MXFP8)->quantize_row == counting_quantize);
+    CHECK_OK(c4, nb_qformat_set_rows(c4, NB_FMT_MXFP8, counting_quantize, NULL, NULL));
+    CHECK(nb_qformat_rows(c4, NB_FMT_MXFP8)->quantize == counting_quantize);
     CHECK_OK(c4, nb_quantize(c4, x, &p, &q1));
     CHECK_EQ_INT(calls, 96);
-    CHECK_OK(ctx, nb_qformat_set_rows(ctx, NB_FMT_MXFP8, NULL, NULL, NULL));
-    CHECK(nb_qformat_info(NB_FMT_MXFP8)->quantize_row == nb_mxfp8_quantize_row_ref);
+    CHECK_OK(c4, nb_qformat_set_rows(c4, NB_FMT_MXFP8, NULL, NULL, NULL));
+    CHECK(nb_qformat_rows(c4, NB_FMT_MXFP8)->quantize == nb_mxfp8_quantize_row_ref);
     CHECK_OK(c4, nb_quantize(c4, x, &p, &q2));
     CHECK_EQ_INT(calls, 96);
     CHECK(q1 && q2 && same_qtensor(q1, q2));

@@ -554,7 +554,7 @@ describe("NIBBLE_SIMD", function()
   end)
   it("scalar is honoured on any CPU (nb_simd_level says which table runs)", function()
     local out, err, rc = nbspec.nibble({ "-e", "local nb = require('nibble'); nb.context(); "
-                                         .. "io.write(require('ffi').string(nb.C.nb_simd_level()))" }, nil,
+                                         .. "io.write(require('ffi').string(nb.C.nb_simd_level(nb.context())))" }, nil,
                                        { NIBBLE_SIMD = "scalar" })
     assert.are.equal("scalar", out, err)
     assert.are.equal(0, rc)

@@ -27,7 +27,9 @@ enum {
     NB_CPU_AVX512_FP16 = 1 << 10,
     NB_CPU_AMX_TILE = 1 << 11,
     NB_CPU_AMX_BF16 = 1 << 12,
-    NB_CPU_AMX_INT8 = 1 << 13
+    NB_CPU_AMX_INT8 = 1 << 13,
+    NB_CPU_F16C = 1 << 14,
+    NB_CPU_AVX512_VBMI = 1 << 15
 };
 
 typedef struct nb_cpu_features {
@@ -58,7 +60,8 @@ typedef struct nb_blas_info {
     nb_cpu_features cpu;
 } nb_blas_info;
 
-/* This CPU's features (CPUID and XGETBV; all zero on other architectures). */
+/* This CPU's features (CPUID and XGETBV; all zero on other architectures). The one CPUID reader of
+ * libnibble (core/src/cpu/features.c): the BLAS check, the SIMD rows and the quantizer paths use it. */
 void nb_cpu_detect(nb_cpu_features *out);
 /* Space-separated lower-case names of the flags set, e.g. "sse3 avx fma avx2 avx512f ...". */
 void nb_cpu_flags_str(uint32_t flags, char *buf, size_t n);

@@ -1,6 +1,8 @@
 /* nb_ctx: the context every fallible nibble call takes first.
- * It owns the thread pool, the native-memory counters, the default RNG, the interrupt flag
- * and the last error message. Nothing in nibble is global: two contexts never share state. */
+ * It owns the thread pool, the native-memory counters, the default RNG, the interrupt flag, the last
+ * error message and the backend table (which CPU kernels run, which CUDA device and stream). Nothing
+ * in nibble is global: two contexts never share state (the BLAS library, loaded once per process, is
+ * the one exception: nibble/blas.h). */
 #ifndef NIBBLE_CTX_H
 #define NIBBLE_CTX_H
 
@@ -21,9 +23,32 @@ typedef struct nb_mem_stats {
     int64_t n_allocs;     /* number of nb_alloc calls so far */
 } nb_mem_stats;
 
-/* Create a context. threads <= 0 picks the number of online CPUs. Fails (NB_ERR_INVALID or
- * NB_ERR_UNSUPPORTED) when NIBBLE_SIMD names a level that is not one or that this CPU lacks; the
- * message is then nb_ctx_last_error(NULL) on the calling thread. */
+/* How a context computes: its backend table, chosen once at creation. A field left unset (0 or NULL,
+ * as nb_ctx_options_init leaves them) takes the environment variable named beside it, read at
+ * nb_ctx_new_opts and never again, else the default; a field that is set wins over the environment.
+ * Two contexts with different settings run side by side in one process. */
+typedef struct nb_ctx_options {
+    int threads;             /* <= 0: NIBBLE_THREADS, else the number of online CPUs */
+    const char *simd;        /* model runtime's row kernels: "auto", "avx512", "avx2" or "scalar";
+                              * NULL: NIBBLE_SIMD, else auto (the best this CPU has) */
+    const char *quant_path;  /* quantizer rows: "auto", "avx512", "avx2" or "reference" (nibble/quant_fast.h);
+                              * NULL: NIBBLE_QUANT_PATH, else auto */
+    const char *gemm;        /* "pool" (each product split over the context's threads) or "openblas"
+                              * (OpenBLAS's own threads); NULL: NIBBLE_GEMM, else pool */
+    int cuda_device;         /* CUDA device of the tensors nb_tensor_to_device makes with device -2 */
+    void *cuda_stream;       /* cudaStream_t the CUDA kernels run on (NULL: the default stream) */
+    int no_env;              /* 1: read no environment variable (only the fields and the defaults) */
+} nb_ctx_options;
+
+/* Defaults: every field unset (0 / NULL), CUDA device 0. */
+NB_API void nb_ctx_options_init(nb_ctx_options *o);
+/* Create a context from options (NULL: the defaults). Fails (NB_ERR_INVALID for a name that is not a
+ * level or path, NB_ERR_UNSUPPORTED for one this CPU or build lacks) when NIBBLE_SIMD or a field names
+ * one; the message is then nb_ctx_last_error(NULL) on the calling thread. A NIBBLE_QUANT_PATH that
+ * cannot be honoured does not fail creation: auto is installed and every quantize on the context fails
+ * with the message until nb_quant_set_cpu_path chooses a path (nibble/quant_fast.h). */
+NB_API nb_status nb_ctx_new_opts(const nb_ctx_options *o, nb_ctx **out);
+/* nb_ctx_new_opts with the defaults and `threads`. */
 nb_status nb_ctx_new(int threads, nb_ctx **out);
 /* Contexts are refcounted: buffers hold a reference so they may outlive the caller's handle. */
 void nb_ctx_retain(nb_ctx *ctx);
@@ -42,7 +67,14 @@ nb_status nb_fail(nb_ctx *ctx, nb_status code, const char *fmt, ...)
     ;
 
 int nb_ctx_threads(const nb_ctx *ctx);
+/* threads <= 0: NIBBLE_THREADS as read at creation, else the number of online CPUs. */
 nb_status nb_ctx_set_threads(nb_ctx *ctx, int threads);
+/* Switch this context's model-runtime row kernels ("auto", "avx512", "avx2", "scalar"; errors as
+ * nb_ctx_new_opts). Other contexts keep theirs; call it while no operation runs on this context. */
+NB_API nb_status nb_ctx_set_simd(nb_ctx *ctx, const char *level);
+/* One line naming the context's backend, e.g. "cpu: simd avx512, quantizers avx512, gemm pool,
+ * 2 threads; cuda: device 0 (built, 1 device)". Returns the length it needed. */
+NB_API int nb_ctx_describe_backend(const nb_ctx *ctx, char *buf, size_t n);
 
 /* Native memory accounting (Lua cannot see C memory; the binding nudges its GC from these). */
 void nb_ctx_mem(const nb_ctx *ctx, nb_mem_stats *out);

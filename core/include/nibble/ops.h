@@ -25,9 +25,9 @@ typedef struct nb_attn_dims {
 
 /* --- fast float32 ops ------------------------------------------------------------------------- */
 
-/* The row kernels' SIMD level in use, process-wide: "avx512", "avx2" or "scalar" (the best this CPU
- * has, unless NIBBLE_SIMD=auto|avx512|avx2|scalar forces one; see nb_ctx_new). */
-const char *nb_simd_level(void);
+/* The row kernels' SIMD level ctx runs: "avx512", "avx2" or "scalar" (the best this CPU has, unless
+ * nb_ctx_options.simd or NIBBLE_SIMD=auto|avx512|avx2|scalar chose one; see nb_ctx_new_opts). */
+const char *nb_simd_level(const nb_ctx *ctx);
 
 /* out[i,:] = table[tokens[i],:]. Token ids out of [0, vocab) are NB_ERR_INVALID. */
 nb_status nb_op_embedding_fwd(nb_ctx *ctx, const float *table, int64_t vocab, const int32_t *tokens,

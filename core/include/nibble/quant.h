@@ -57,20 +57,30 @@ typedef struct nb_qformat_traits {
     nb_dtype scale_dtype;      /* block scale: NB_E4M3 (NVFP4), NB_U8 (E8M0 biased exponent); NB_F32 for FP8 */
     float elem_max;            /* 6 or 448 */
     float scale_norm;          /* NVFP4: largest block scale (448, or 256 for four_over_six); 0 otherwise */
-    nb_qrow_quantize_fn quantize_row;
-    nb_qrow_dequantize_fn dequantize_row;
-    nb_qrow_fake_fn fake_row;
 } nb_qformat_traits;
+
+/* A format's row functions. Which ones run is the context's (its backend chose them at creation from
+ * the CPU and nb_ctx_options.quant_path; nibble/quant_fast.h), not the format's. */
+typedef struct nb_qrow_fns {
+    nb_qrow_quantize_fn quantize;
+    nb_qrow_dequantize_fn dequantize;
+    nb_qrow_fake_fn fake;
+} nb_qrow_fns;
 
 /* Traits of a format; NULL when out of range. */
 const nb_qformat_traits *nb_qformat_info(nb_qformat f);
 /* Format by name ("nvfp4", "nvfp4_46" = "nvfp4_4o6" = "four_over_six", "mxfp8", "fp8", "fp8_channel", "none");
  * -1 if unknown. */
 int nb_qformat_from_name(const char *name);
-/* Swap a format's row functions (a dispatcher installs fast paths that are bit-equal to the
- * references; NULL restores the scalar reference). Process-wide: the choice depends on the CPU. */
+/* Swap a format's row functions on this context (fast paths that are bit-equal to the references;
+ * NULL restores the scalar reference). Other contexts keep theirs. */
 nb_status nb_qformat_set_rows(nb_ctx *ctx, nb_qformat f, nb_qrow_quantize_fn quantize,
                               nb_qrow_dequantize_fn dequantize, nb_qrow_fake_fn fake);
+/* The row functions ctx runs for f (ctx NULL: the best this CPU has); NULL for NB_FMT_NONE or a
+ * format out of range. */
+NB_API const nb_qrow_fns *nb_qformat_rows(const nb_ctx *ctx, nb_qformat f);
+/* The scalar reference rows of f (what every fast path is tested against); NULL as above. */
+NB_API const nb_qrow_fns *nb_qformat_ref_rows(nb_qformat f);
 
 /* --- scalar reference row functions (what every fast path is tested against) ------------------ */
 void nb_nvfp4_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
@@ -150,7 +160,11 @@ void nb_qparams_init(nb_qparams *p, nb_qformat f);
  * have x's shape with the last dim n/16 (or 1), or be flat (1-D) with that many values),
  * NB_ERR_NUMERIC (first NaN/Inf in x, flat index; a NaN/Inf or negative amax). A zero amax is the
  * maxbound (see the top of this file). NB_ERR_INVALID / NB_ERR_UNSUPPORTED when NIBBLE_QUANT_PATH
- * names no usable path (nibble/quant_fast.h). */
+ * named no usable path when ctx was created (nibble/quant_fast.h). */
+/* x on a CUDA device (nibble/tensor.h): the quantized tensor is made on that device by the CUDA kernels
+ * (bit-equal to the CPU rows), the plan resolved as on the host (NaN/Inf, amax and state errors alike);
+ * nb_quantize_into, nb_fake_quant and nb_qtensor_dequantize(_into) dispatch the same way, and want their
+ * outputs on the input's device. Without CUDA (or that device) a device tensor is NB_ERR_DEVICE. */
 nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out);
 /* nb_quantize into an existing quantized tensor of the same format and logical shape (from
  * nb_qtensor_new or an earlier nb_quantize), reusing its buffers: every byte of its data and scales

@@ -4,7 +4,10 @@
  * The plain entry points take device pointers and run asynchronously on `stream` (a cudaStream_t;
  * NULL = the default stream); the *_host wrappers copy host arrays in, run, copy the results back
  * and synchronize. Inputs must be finite: the CPU drivers check that, these entry points do not.
- * Built without CUDA, or with no usable GPU, every call returns NB_ERR_DEVICE saying which. */
+ * Built without CUDA, or with no usable GPU, every call returns NB_ERR_DEVICE saying which.
+ * Pipelines reach these kernels through the tensor entry points of nibble/quant.h (nb_quantize,
+ * nb_fake_quant, nb_qtensor_dequantize on device tensors), which resolve the parameters as the CPU does
+ * and run on the context's CUDA stream; this raw-pointer API is the kernels' own. */
 #ifndef NIBBLE_QUANT_CUDA_H
 #define NIBBLE_QUANT_CUDA_H
 

@@ -6,18 +6,19 @@
 
 #include "nibble/ctx.h"
 
-/* The row functions in use: "avx512" (the AVX2 rows, plus AVX-512 kernels that nb_quantize runs
+/* The row functions ctx runs: "avx512" (the AVX2 rows, plus AVX-512 kernels that nb_quantize runs
  * on BF16 input), "avx2" (AVX2+FMA+F16C), "reference" (the scalar references), or "mixed" when
- * nb_qformat_set_rows has installed others for some formats. libnibble picks the best the CPU has
- * when it loads, or the path NIBBLE_QUANT_PATH names (auto, avx512, avx2 or reference; unset or empty
- * means auto). Any other value, or a path this CPU lacks, is not replaced silently: auto is installed
- * and every quantize, fake quant, calibration and dequantize fails (NB_ERR_INVALID, or
- * NB_ERR_UNSUPPORTED for a missing path) with a message naming the variable, its value and the
- * valid values, until nb_quant_set_cpu_path chooses a path explicitly. */
-const char *nb_quant_cpu_path(void);
-/* Install one path for every format: "auto" (the best this CPU runs), "avx512", "avx2" or
- * "reference". NB_ERR_UNSUPPORTED when the CPU (or this build) lacks the path, NB_ERR_INVALID for another name.
- * Process-wide, like nb_qformat_set_rows: call it while no quantization is running. */
+ * nb_qformat_set_rows has installed others for some formats. A context starts on the path its options
+ * name (nb_ctx_options.quant_path), else the one NIBBLE_QUANT_PATH names when it is created (auto,
+ * avx512, avx2 or reference; unset or empty means auto), else the best the CPU has. A NIBBLE_QUANT_PATH
+ * that is not a path, or a path this CPU lacks, is not replaced silently: auto is installed and every
+ * quantize, fake quant, calibration and dequantize on that context fails (NB_ERR_INVALID, or
+ * NB_ERR_UNSUPPORTED for a missing path) with a message naming the variable, its value and the valid
+ * values, until nb_quant_set_cpu_path chooses a path explicitly. */
+const char *nb_quant_cpu_path(const nb_ctx *ctx);
+/* Install one path for every format of this context: "auto" (the best this CPU runs), "avx512",
+ * "avx2" or "reference". NB_ERR_UNSUPPORTED when the CPU (or this build) lacks the path, NB_ERR_INVALID
+ * for another name. Other contexts keep theirs; call it while no quantization runs on this context. */
 nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path);
 
 #endif

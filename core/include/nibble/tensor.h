@@ -1,6 +1,6 @@
 /* Buffers and tensors.
  * A buffer is a refcounted span of bytes: heap (nb_alloc), a read-only mmap of a file, external
- * memory the caller keeps alive, or (later) device memory. A tensor is a refcounted view over a
+ * memory the caller keeps alive, or CUDA device memory (nb_tensor_new_on, nb_tensor_to_device). A tensor is a refcounted view over a
  * buffer: dtype, shape, byte strides and a byte offset. Element counts and indices are always
  * logical (unpacked) elements; for packed sub-byte dtypes (E2M1) the last dimension must be
  * contiguous (strides[ndim-1] == 0 marks "packed, contiguous") and byte positions are asked for
@@ -32,7 +32,8 @@ typedef struct nb_tensor {
     int64_t offset;                /* bytes from the buffer start to element 0 */
     nb_buffer *buf;
     int32_t refcount;
-    int32_t device;                /* -1 = host; >= 0 = CUDA device index (later) */
+    int32_t device;                /* -1 = host; >= 0 = CUDA device index (nb_tensor_data is then a device
+                                    * address: only the quantizers and nb_tensor_to_device read it) */
 } nb_tensor;
 
 /* --- buffers ------------------------------------------------------------------------------ */
@@ -82,6 +83,15 @@ nb_status nb_tensor_contiguous(nb_ctx *ctx, const nb_tensor *t, nb_tensor **out)
 nb_status nb_tensor_to(nb_ctx *ctx, const nb_tensor *t, nb_dtype dt, nb_tensor **out);
 /* Copy src into dst elementwise (same shape), converting dtypes; dst must be writable. */
 nb_status nb_tensor_copy(nb_ctx *ctx, nb_tensor *dst, const nb_tensor *src);
+
+/* --- devices ------------------------------------------------------------------------------ */
+enum { NB_DEVICE_HOST = -1, NB_DEVICE_CTX = -2 /* the context's CUDA device (nb_ctx_options.cuda_device) */ };
+/* New contiguous tensor with unspecified contents on `device` (NB_DEVICE_HOST, NB_DEVICE_CTX or a CUDA
+ * device index). NB_ERR_DEVICE without CUDA or without that device. */
+NB_API nb_status nb_tensor_new_on(nb_ctx *ctx, int device, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out);
+/* A contiguous copy of t on `device` (as above; NB_DEVICE_HOST brings a device tensor back). Copies run
+ * on the context's stream and are complete when this returns. */
+NB_API nb_status nb_tensor_to_device(nb_ctx *ctx, const nb_tensor *t, int device, nb_tensor **out);
 
 /* Element access by multi-index (ndim entries). get returns NaN on a bad index. */
 double nb_tensor_get(const nb_tensor *t, const int64_t *idx);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "cpu/fast_internal.h"
+#include "cpu/features.h"
 
 /* ---- NVFP4 threshold table (portable C: the reference's own arithmetic) ----------------------- */
 
@@ -83,16 +84,6 @@ void nbq_nv_table_build(float s2, nbq_nv_table *t) {
 
 #define NB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
-int nbq_cpu_has_avx512(void) {
-    static int cached = -1;
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v >= 0) return v;
-    __builtin_cpu_init();
-    v = nbq_cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    return v;
-}
 
 NB_AVX512 static inline __m512i i16(int v) { return _mm512_set1_epi16((short)v); }
 NB_AVX512 static inline __m512i i32v(int v) { return _mm512_set1_epi32(v); }
@@ -634,12 +625,8 @@ NB_AVX512BF16 static inline __m512i rne_pair_hw(__m512 qe, __m512 qo) {
     return _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(qo, qe));
 }
 
-/* __builtin_cpu_supports reads a bit of the global the first __builtin_cpu_init filled (later calls
- * return at once): no cache of our own is needed for these per-row checks. */
-static int cpu_has_avx512bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16");
-}
+/* nb_cpu() reads the features once per process, so these per-row checks cost a load and a test. */
+static int cpu_has_avx512bf16(void) { return (nb_cpu()->flags & NB_CPU_AVX512_BF16) != 0; }
 
 NB_AVX512 __attribute__((always_inline)) static inline int64_t fp8_steps(const uint16_t *x, int64_t n, float sc,
                                                                         int32_t dd, uint8_t *q, __m512i *vmax,
@@ -688,10 +675,7 @@ NB_AVX512BF16 static int64_t fp8_steps512_bf16(const uint16_t *x, int64_t n, flo
 
 #define NB_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c")))
 
-static int cpu_has_avx512vbmi(void) {   /* as cpu_has_avx512bf16 */
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vbmi");
-}
+static int cpu_has_avx512vbmi(void) { return (nb_cpu()->flags & NB_CPU_AVX512_VBMI) != 0; }
 
 /* Scaling x by 2^k scales x / sc by 2^k exactly, and every rounding on the way (f32, bf16, E4M3)
  * commutes with that while the quotient is a normal E4M3 value: then code(x) = T[m] + 8*(E - E0)
@@ -906,8 +890,6 @@ NB_AVX512 int nbq_avx512_fp8_row_next_bf16(const uint16_t *x, int64_t n, const n
 }
 
 #else /* not x86-64 with GNU C */
-
-int nbq_cpu_has_avx512(void) { return 0; }
 
 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a, uint8_t *q,
                              uint8_t *s) {

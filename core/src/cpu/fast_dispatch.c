@@ -1,6 +1,6 @@
-/* Chooses the quantizer row functions for this CPU when libnibble loads (AVX-512 BF16 kernels on top
- * of the AVX2+FMA+F16C rows, AVX2 alone, else the scalar references), and holds the pieces the fast paths share: the exact MXFP8 ceil-rule table
- * and the bulk dtype helpers (AVX2 or plain C). */
+/* Chooses a context's quantizer row functions (AVX-512 BF16 kernels on top of the AVX2+FMA+F16C rows,
+ * AVX2 alone, else the scalar references) into its backend table, and holds the pieces the fast paths
+ * share: the exact MXFP8 ceil-rule table and the bulk dtype helpers (AVX2 or plain C). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -9,9 +9,10 @@
 
 #include "cpu/fast_internal.h"
 #include "nibble/quant_fast.h"
+#include "backend.h"
+#include "cpu/features.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
 #define NBQ_X86 1
 #else
 #define NBQ_X86 0
@@ -24,23 +25,10 @@
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-/* ---- CPU detection ----------------------------------------------------------------------------- */
+/* ---- CPU features (features.c reads them) -------------------------------------------------------- */
 
-int nbq_cpu_has_avx2(void) {
-#if NBQ_X86
-    static int cached = -1;
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v >= 0) return v;
-    __builtin_cpu_init();   /* needed when called from a constructor */
-    unsigned a, b, c, d;
-    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-    v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    return v;
-#else
-    return 0;
-#endif
-}
+int nbq_cpu_has_avx2(void) { return nb_cpu_quant_best() >= NB_SIMD_AVX2; }
+int nbq_cpu_has_avx512(void) { return nb_cpu_quant_best() >= NB_SIMD_AVX512; }
 
 /* ---- MXFP8 ceil rule without libm -------------------------------------------------------------- */
 
@@ -243,146 +231,123 @@ nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *w
 
 /* ---- choosing the rows ------------------------------------------------------------------------------ */
 
-/* The "avx512" path: the AVX2 rows plus nb_quantize's AVX-512 BF16-input kernels. Process-wide, like
- * the traits table it sits beside. */
-static int BF16_KERNELS = 0;
+static const nb_qrow_fns REF_ROWS[NB_FMT_COUNT] = {
+    [NB_FMT_NVFP4] = {nb_nvfp4_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_fake_row_ref},
+    [NB_FMT_NVFP4_46] = {nb_nvfp4_46_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_46_fake_row_ref},
+    [NB_FMT_MXFP8] = {nb_mxfp8_quantize_row_ref, nb_mxfp8_dequantize_row_ref, nb_mxfp8_fake_row_ref},
+    [NB_FMT_FP8_TENSOR] = {nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
+    [NB_FMT_FP8_CHANNEL] = {nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
+};
 
-/* f's installed quantize row is the AVX2 one (the "avx2" or "avx512" path, not replaced by
- * nb_qformat_set_rows): the condition for every kernel that bypasses the rows. */
-static int avx2_row_installed(nb_qformat f) {
 #if NBQ_X86
-    const nb_qformat_traits *t = nb_qformat_info(f);
-    if (!t) return 0;
-    switch (f) {
-    case NB_FMT_NVFP4: return t->quantize_row == nbq_avx2_nvfp4_quantize_row;
-    case NB_FMT_NVFP4_46: return t->quantize_row == nbq_avx2_nvfp4_46_quantize_row;
-    case NB_FMT_MXFP8: return t->quantize_row == nbq_avx2_mxfp8_quantize_row;
-    case NB_FMT_FP8_TENSOR:
-    case NB_FMT_FP8_CHANNEL: return t->quantize_row == nbq_avx2_fp8_quantize_row;
-    default: return 0;
-    }
+static const nb_qrow_fns AVX2_ROWS[NB_FMT_COUNT] = {
+    [NB_FMT_NVFP4] = {nbq_avx2_nvfp4_quantize_row, nbq_avx2_nvfp4_dequantize_row, nbq_avx2_nvfp4_fake_row},
+    [NB_FMT_NVFP4_46] = {nbq_avx2_nvfp4_46_quantize_row, nbq_avx2_nvfp4_dequantize_row, nbq_avx2_nvfp4_46_fake_row},
+    [NB_FMT_MXFP8] = {nbq_avx2_mxfp8_quantize_row, nbq_avx2_mxfp8_dequantize_row, nbq_avx2_mxfp8_fake_row},
+    [NB_FMT_FP8_TENSOR] = {nbq_avx2_fp8_quantize_row, nbq_avx2_fp8_dequantize_row, nbq_avx2_fp8_fake_row},
+    [NB_FMT_FP8_CHANNEL] = {nbq_avx2_fp8_quantize_row, nbq_avx2_fp8_dequantize_row, nbq_avx2_fp8_fake_row},
+};
+#endif
+
+const nb_qrow_fns *nb_qformat_ref_rows(nb_qformat f) {
+    return (unsigned)f < NB_FMT_COUNT && f != NB_FMT_NONE ? &REF_ROWS[f] : NULL;
+}
+
+const nb_qrow_fns *nb_qformat_rows(const nb_ctx *ctx, nb_qformat f) {
+    return (unsigned)f < NB_FMT_COUNT && f != NB_FMT_NONE ? &nb_backend_of(ctx)->rows[f] : NULL;
+}
+
+nb_status nb_qformat_set_rows(nb_ctx *ctx, nb_qformat f, nb_qrow_quantize_fn quantize,
+                              nb_qrow_dequantize_fn dequantize, nb_qrow_fake_fn fake) {
+    if ((unsigned)f >= NB_FMT_COUNT || f == NB_FMT_NONE)
+        return nb_fail(ctx, NB_ERR_INVALID, "set_rows: no row functions for format %d", (int)f);
+    if (!ctx) return NB_ERR_INVALID;
+    nb_qrow_fns *r = &nb_ctx_backend(ctx)->rows[f];
+    r->quantize = quantize ? quantize : REF_ROWS[f].quantize;
+    r->dequantize = dequantize ? dequantize : REF_ROWS[f].dequantize;
+    r->fake = fake ? fake : REF_ROWS[f].fake;
+    return NB_OK;
+}
+
+/* f's quantize row on ctx is the AVX2 one (the "avx2" or "avx512" path, not replaced by
+ * nb_qformat_set_rows): the condition for every kernel that bypasses the rows. */
+static int avx2_row_installed(const nb_ctx *ctx, nb_qformat f) {
+#if NBQ_X86
+    if ((unsigned)f >= NB_FMT_COUNT || f == NB_FMT_NONE) return 0;
+    return nb_backend_of(ctx)->rows[f].quantize == AVX2_ROWS[f].quantize;
 #else
+    (void)ctx;
     (void)f;
     return 0;
 #endif
 }
 
-int nbq_bf16_kernels_for(nb_qformat f) {
-    return __atomic_load_n(&BF16_KERNELS, __ATOMIC_RELAXED) && avx2_row_installed(f);
+int nbq_bf16_kernels_for(const nb_ctx *ctx, nb_qformat f) {
+    return nb_backend_of(ctx)->bf16_kernels && avx2_row_installed(ctx, f);
 }
 
-int nbq_avx2_nv_table_for(nb_qformat f) {
-    return (f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46) && avx2_row_installed(f);
+int nbq_avx2_nv_table_for(const nb_ctx *ctx, nb_qformat f) {
+    return (f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46) && avx2_row_installed(ctx, f);
 }
 
-int nbq_avx2_bf16_for(nb_qformat f) {
-    return (f == NB_FMT_MXFP8 || f == NB_FMT_FP8_TENSOR || f == NB_FMT_FP8_CHANNEL) && avx2_row_installed(f);
+int nbq_avx2_bf16_for(const nb_ctx *ctx, nb_qformat f) {
+    return (f == NB_FMT_MXFP8 || f == NB_FMT_FP8_TENSOR || f == NB_FMT_FP8_CHANNEL) && avx2_row_installed(ctx, f);
 }
 
-static nb_status install_avx2(nb_ctx *ctx) {
+static void install(nb_backend *b, const nb_qrow_fns *rows, int bf16_kernels) {
+    for (int f = 0; f < NB_FMT_COUNT; f++) b->rows[f] = rows[f];
+    b->bf16_kernels = bf16_kernels;
+}
+
+nb_status nbq_backend_set_path(nb_ctx *ctx, nb_backend *b, const char *path) {
+    int best = nb_cpu_quant_best();
+    if (!path || strcmp(path, "auto") == 0) path = best == NB_SIMD_AVX512 ? "avx512" : best == NB_SIMD_AVX2 ? "avx2" : "reference";
+    if (strcmp(path, "reference") == 0) {
+        install(b, REF_ROWS, 0);
+        return NB_OK;
+    }
+    if (strcmp(path, "avx2") == 0 || strcmp(path, "avx512") == 0) {
+        int want = path[3] == '5' ? NB_SIMD_AVX512 : NB_SIMD_AVX2;
+        if (best < want)
+            return nb_fail(ctx, NB_ERR_UNSUPPORTED, want == NB_SIMD_AVX2 ? "quantizer path avx2: this CPU lacks AVX2, FMA or F16C"
+                           : "quantizer path avx512: this CPU lacks AVX-512 F/BW/VL/DQ (or AVX2)");
 #if NBQ_X86
-    nb_status s;
-    __atomic_store_n(&BF16_KERNELS, 0, __ATOMIC_RELAXED);
-    if ((s = nb_qformat_set_rows(ctx, NB_FMT_NVFP4, nbq_avx2_nvfp4_quantize_row, nbq_avx2_nvfp4_dequantize_row,
-                                 nbq_avx2_nvfp4_fake_row)))
-        return s;
-    if ((s = nb_qformat_set_rows(ctx, NB_FMT_NVFP4_46, nbq_avx2_nvfp4_46_quantize_row, nbq_avx2_nvfp4_dequantize_row,
-                                 nbq_avx2_nvfp4_46_fake_row)))
-        return s;
-    if ((s = nb_qformat_set_rows(ctx, NB_FMT_MXFP8, nbq_avx2_mxfp8_quantize_row, nbq_avx2_mxfp8_dequantize_row,
-                                 nbq_avx2_mxfp8_fake_row)))
-        return s;
-    for (nb_qformat f = NB_FMT_FP8_TENSOR; f <= NB_FMT_FP8_CHANNEL; f++)
-        if ((s = nb_qformat_set_rows(ctx, f, nbq_avx2_fp8_quantize_row, nbq_avx2_fp8_dequantize_row, nbq_avx2_fp8_fake_row)))
-            return s;
-    return NB_OK;
-#else
-    return nb_fail(ctx, NB_ERR_UNSUPPORTED, "quantizer path avx2: not built for this architecture");
+        install(b, AVX2_ROWS, want == NB_SIMD_AVX512);
 #endif
-}
-
-static nb_status install_avx512(nb_ctx *ctx) {
-    nb_status s = install_avx2(ctx);
-    if (!s) __atomic_store_n(&BF16_KERNELS, 1, __ATOMIC_RELAXED);
-    return s;
-}
-
-static nb_status install_reference(nb_ctx *ctx) {
-    __atomic_store_n(&BF16_KERNELS, 0, __ATOMIC_RELAXED);
-    for (nb_qformat f = NB_FMT_NVFP4; f < NB_FMT_COUNT; f++) {
-        nb_status s = nb_qformat_set_rows(ctx, f, NULL, NULL, NULL);
-        if (s) return s;
+        return NB_OK;
     }
-    return NB_OK;
-}
-
-/* What NIBBLE_QUANT_PATH asked for at load when it could not be honoured: 0, NB_ERR_INVALID (not a
- * path name) or NB_ERR_UNSUPPORTED (a path this CPU or build lacks), with the value. An explicit
- * nb_quant_set_cpu_path clears it (the program's own choice replaces the environment's). */
-static int ENV_STATUS;
-static char ENV_VALUE[64];
-
-nb_status nbq_env_path_status(nb_ctx *ctx) {
-    int st = __atomic_load_n(&ENV_STATUS, __ATOMIC_ACQUIRE);
-    if (!st) return NB_OK;
-    if (st == NB_ERR_INVALID)
-        return nb_fail(ctx, NB_ERR_INVALID, "NIBBLE_QUANT_PATH='%s' is not a quantizer path: expected auto, avx512, avx2 or "
-                       "reference (unset it for auto)", ENV_VALUE);
-    return nb_fail(ctx, NB_ERR_UNSUPPORTED, "NIBBLE_QUANT_PATH='%s': this CPU (or this build) lacks that quantizer path; "
-                   "valid values are auto, avx512, avx2 or reference", ENV_VALUE);
-}
-
-/* The path by name without touching the environment's status. */
-static nb_status set_path(nb_ctx *ctx, const char *path) {
-    if (strcmp(path, "reference") == 0) return install_reference(ctx);
-    if (strcmp(path, "avx2") == 0) {
-        if (!nbq_cpu_has_avx2())
-            return nb_fail(ctx, NB_ERR_UNSUPPORTED, "quantizer path avx2: this CPU lacks AVX2, FMA or F16C");
-        return install_avx2(ctx);
-    }
-    if (strcmp(path, "avx512") == 0) {
-        if (!nbq_cpu_has_avx512())
-            return nb_fail(ctx, NB_ERR_UNSUPPORTED, "quantizer path avx512: this CPU lacks AVX-512 F/BW/VL/DQ (or AVX2)");
-        return install_avx512(ctx);
-    }
-    if (strcmp(path, "auto") == 0)
-        return nbq_cpu_has_avx512() ? install_avx512(ctx) : nbq_cpu_has_avx2() ? install_avx2(ctx) : install_reference(ctx);
     return nb_fail(ctx, NB_ERR_INVALID, "quantizer path '%s': expected auto, avx512, avx2 or reference", path);
 }
 
+/* What NIBBLE_QUANT_PATH asked for at the context's creation when it could not be honoured. */
+nb_status nbq_env_path_status(nb_ctx *ctx) {
+    const nb_backend *b = nb_backend_of(ctx);
+    if (!b->quant_env_status) return NB_OK;
+    if (b->quant_env_status == NB_ERR_INVALID)
+        return nb_fail(ctx, NB_ERR_INVALID, "NIBBLE_QUANT_PATH='%s' is not a quantizer path: expected auto, avx512, avx2 or "
+                       "reference (unset it for auto)", b->quant_env_value);
+    return nb_fail(ctx, NB_ERR_UNSUPPORTED, "NIBBLE_QUANT_PATH='%s': this CPU (or this build) lacks that quantizer path; "
+                   "valid values are auto, avx512, avx2 or reference", b->quant_env_value);
+}
+
 nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path) {
-    nb_status s = set_path(ctx, path ? path : "auto");
-    if (!s) __atomic_store_n(&ENV_STATUS, 0, __ATOMIC_RELEASE);
+    if (!ctx) return NB_ERR_INVALID;
+    nb_backend *b = nb_ctx_backend(ctx);
+    nb_status s = nbq_backend_set_path(ctx, b, path ? path : "auto");
+    if (!s) b->quant_env_status = NB_OK;   /* the program's own choice replaces the environment's */
     return s;
 }
 
-const char *nb_quant_cpu_path(void) {
+const char *nb_quant_cpu_path(const nb_ctx *ctx) {
+    const nb_backend *b = nb_backend_of(ctx);
     int avx2 = 0, ref = 0, total = 0;
     for (nb_qformat f = NB_FMT_NVFP4; f < NB_FMT_COUNT; f++) {
-        const nb_qformat_traits *t = nb_qformat_info(f);
         total++;
 #if NBQ_X86
-        if (t->quantize_row == nbq_avx2_nvfp4_quantize_row || t->quantize_row == nbq_avx2_nvfp4_46_quantize_row ||
-            t->quantize_row == nbq_avx2_mxfp8_quantize_row || t->quantize_row == nbq_avx2_fp8_quantize_row)
-            avx2++;
+        avx2 += b->rows[f].quantize == AVX2_ROWS[f].quantize;
 #endif
-        if (t->quantize_row == nb_nvfp4_quantize_row_ref || t->quantize_row == nb_nvfp4_46_quantize_row_ref ||
-            t->quantize_row == nb_mxfp8_quantize_row_ref || t->quantize_row == nb_fp8_quantize_row_ref)
-            ref++;
+        ref += b->rows[f].quantize == REF_ROWS[f].quantize;
     }
-    if (avx2 == total) return __atomic_load_n(&BF16_KERNELS, __ATOMIC_RELAXED) ? "avx512" : "avx2";
+    if (avx2 == total) return b->bf16_kernels ? "avx512" : "avx2";
     return ref == total ? "reference" : "mixed";
-}
-
-/* At load time: the process-wide traits table gets the best rows this CPU runs. */
-/* NIBBLE_QUANT_PATH (unset or empty = auto) names the path; a value that is not a path, or a path
- * this CPU lacks, installs auto and leaves an error that every quantize returns (nbq_env_path_status). */
-__attribute__((constructor)) static void nbq_fast_init(void) {
-    const char *env = getenv("NIBBLE_QUANT_PATH");
-    if (!env || !*env) env = "auto";
-    nb_status s = set_path(NULL, env);
-    if (!s) return;
-    snprintf(ENV_VALUE, sizeof ENV_VALUE, "%.60s", env);
-    set_path(NULL, "auto");
-    __atomic_store_n(&ENV_STATUS, (int)s, __ATOMIC_RELEASE);
 }

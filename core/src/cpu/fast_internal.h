@@ -17,6 +17,7 @@ const uint32_t *nbq_mx_ceil_table(void);
 uint8_t nbq_mx_scale_byte_fast(float block_amax, int ocp_floor);
 
 /* --- AVX2 rows (fast_avx2.c, NVFP4: fast_avx2_nvfp4.c); only call when nbq_cpu_has_avx2() ------- */
+/* The CPU runs the AVX2 rows (AVX2+FMA+F16C; cpu/features.c reads the bits). */
 int nbq_cpu_has_avx2(void);
 void nbq_avx2_nvfp4_quantize_row(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
 void nbq_avx2_nvfp4_dequantize_row(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
@@ -55,6 +56,7 @@ nb_status nbq_check_finite_params(nb_ctx *ctx, const nb_tensor *x, const char *w
                                   nb_qparams *out);
 
 /* --- AVX-512 BF16-input quantize kernels (fast_avx512.c) ------------------------------------------- */
+/* The CPU runs the AVX-512 kernels (AVX-512 F/BW/VL/DQ and the AVX2 rows). */
 int nbq_cpu_has_avx512(void);
 /* Quantize one BF16 row (n a multiple of the format's block) bit-equal to the format's reference
  * row. Returns 0 when done, 2 when the row holds a NaN/Inf (its output is then meaningless, but
@@ -96,9 +98,9 @@ int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, cons
  * Returns as nbq_avx512_quantize_bf16: 1 for NVFP4_46 without block amax (or another format). */
 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n, const nb_qrow_args *a,
                               const nbq_nv_table *tab, uint8_t *q, uint8_t *s);
-/* Whether nb_quantize may use nbq_avx2_nvfp4_table_bf16 for format f: f's installed quantize row is
- * the AVX2 one (the "avx2" or "avx512" path, not replaced by nb_qformat_set_rows). */
-int nbq_avx2_nv_table_for(nb_qformat f);
+/* Whether nb_quantize on ctx may use nbq_avx2_nvfp4_table_bf16 for format f: f's quantize row on ctx
+ * is the AVX2 one (the "avx2" or "avx512" path, not replaced by nb_qformat_set_rows). */
+int nbq_avx2_nv_table_for(const nb_ctx *ctx, nb_qformat f);
 /* MXFP8, FP8 per tensor and FP8 per channel BF16 rows on the AVX2 path (fast_avx2.c, only call when
  * nbq_cpu_has_avx2()), bit-equal to the reference rows: MXFP8 on the bf16 patterns (the E8M0 scale is
  * a power of two), FP8 by a per-(scale, division dtype) E4M3 table looked up with VPSHUFB. Returns as
@@ -116,11 +118,11 @@ int nbq_avx2_fp8_row_next_bf16(const uint16_t *x, int64_t n, const nb_qrow_args 
  * always does; the kernel checks every table it builds all the same and runs the f32 row if not). */
 int nbq_avx2_fp8_table_ok(float sc, int32_t dd);
 /* Whether nb_quantize may use nbq_avx2_quantize_bf16 / nbq_avx2_fp8_row_next_bf16 for format f: f is
- * MXFP8 or FP8 and its installed quantize row is the AVX2 one. */
-int nbq_avx2_bf16_for(nb_qformat f);
-/* Whether nb_quantize may use nbq_avx512_quantize_bf16 for format f: the "avx512" path is installed
- * and f still has its AVX2 rows (nb_qformat_set_rows has not replaced them). */
-int nbq_bf16_kernels_for(nb_qformat f);
+ * MXFP8 or FP8 and its quantize row on ctx is the AVX2 one. */
+int nbq_avx2_bf16_for(const nb_ctx *ctx, nb_qformat f);
+/* Whether nb_quantize on ctx may use nbq_avx512_quantize_bf16 for format f: ctx runs the "avx512" path
+ * and f still has its AVX2 rows there (nb_qformat_set_rows has not replaced them). */
+int nbq_bf16_kernels_for(const nb_ctx *ctx, nb_qformat f);
 
 void nbq_avx2_load_f32(const void *src, nb_dtype dt, int64_t n, float *out);
 void nbq_avx2_store_f32(void *dst, nb_dtype dt, int64_t n, const float *in);

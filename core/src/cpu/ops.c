@@ -8,6 +8,7 @@
 #include "nibble/ops.h"
 #include "model/internal.h"
 #include "cpu/blas_internal.h"
+#include "backend.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>   /* _mm_getcsr / _mm_setcsr: the attention backward's FTZ/DAZ */
@@ -19,10 +20,10 @@
  * while after each threaded call. Next to our own pool that oversubscribes the cores: measured on
  * stories260K, a quarter of the CPU went to that spinning. So by default OpenBLAS runs with one
  * thread and nb_gemm splits a product into one slice per context thread on our pool (the slices
- * are big enough that sgemm runs at full speed in each). NIBBLE_GEMM=openblas switches to
- * OpenBLAS's own threads (set to the context's count) for comparison. */
+ * are big enough that sgemm runs at full speed in each). A context created with gemm "openblas"
+ * (nb_ctx_options.gemm, or NIBBLE_GEMM=openblas) uses OpenBLAS's own threads (set to its count) for
+ * comparison. The OpenBLAS thread count itself is process-wide, like the library (nibble/blas.h). */
 static int g_blas_threads = -1;
-static int g_gemm_mode = -1;   /* 0 = our pool, 1 = OpenBLAS threads */
 
 void nb_blas_threads(int n) {
     if (n < 1) n = 1;
@@ -30,16 +31,6 @@ void nb_blas_threads(int n) {
         nb_blas_set_threads(n);
         __atomic_store_n(&g_blas_threads, n, __ATOMIC_RELAXED);
     }
-}
-
-static int gemm_mode(void) {
-    int m = __atomic_load_n(&g_gemm_mode, __ATOMIC_RELAXED);
-    if (m < 0) {
-        const char *e = getenv("NIBBLE_GEMM");
-        m = e && !strcmp(e, "openblas") ? 1 : 0;
-        __atomic_store_n(&g_gemm_mode, m, __ATOMIC_RELAXED);
-    }
-    return m;
 }
 
 static void sgemm1(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
@@ -83,7 +74,7 @@ void nb_gemm(nb_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float
              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
     int nt = ctx ? nb_ctx_threads(ctx) : 1;
-    if (ctx && gemm_mode() == 1) {
+    if (ctx && nb_backend_of(ctx)->gemm_openblas) {
         nb_blas_threads(nt);
         sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
@@ -159,6 +150,7 @@ typedef struct {
     float *y, *rstd, *dx, *dw;
     int64_t n, d;
     float eps;
+    const nb_simd_table *S;    /* the context's row kernels */
 } rms_job;
 
 static void rms_fwd_range(void *arg, int64_t b, int64_t e) {
@@ -167,7 +159,7 @@ static void rms_fwd_range(void *arg, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) {
         const float *x = j->x + i * d;
         float *y = j->y + i * d;
-        float r = 1.0f / sqrtf(nb_simd.dot(x, x, d) / (float)d + j->eps);
+        float r = 1.0f / sqrtf(j->S->dot(x, x, d) / (float)d + j->eps);
         if (j->rstd) j->rstd[i] = r;
         for (int64_t c = 0; c < d; c++) y[c] = x[c] * r * j->w[c];
     }
@@ -175,8 +167,7 @@ static void rms_fwd_range(void *arg, int64_t b, int64_t e) {
 
 nb_status nb_op_rmsnorm_fwd(nb_ctx *ctx, const float *x, const float *w, float *y, float *rstd, int64_t n,
                             int64_t d, float eps) {
-    nb_simd_ensure();
-    rms_job j = {x, w, NULL, NULL, y, rstd, NULL, NULL, n, d, eps};
+    rms_job j = {x, w, NULL, NULL, y, rstd, NULL, NULL, n, d, eps, nb_ctx_simd(ctx)};
     nb_parallel_for(ctx, n, 1 + 8192 / (d + 1), rms_fwd_range, &j);
     return NB_OK;
 }
@@ -189,7 +180,7 @@ static void rms_bwd_rows(void *arg, int64_t b, int64_t e) {
         const float *x = j->x + i * d, *dy = j->dy + i * d;
         float *dx = j->dx + i * d;
         float r = j->rstd_in[i];
-        float k = r * r * r * nb_simd.dot3(dy, j->w, x, d) / (float)d;
+        float k = r * r * r * j->S->dot3(dy, j->w, x, d) / (float)d;
         for (int64_t c = 0; c < d; c++) dx[c] += r * dy[c] * j->w[c] - k * x[c];
     }
 }
@@ -206,8 +197,7 @@ static void rms_bwd_cols(void *arg, int64_t c0, int64_t c1) {
 
 nb_status nb_op_rmsnorm_bwd(nb_ctx *ctx, const float *x, const float *w, const float *rstd, const float *dy,
                             float *dx, float *dw, int64_t n, int64_t d) {
-    nb_simd_ensure();
-    rms_job j = {x, w, rstd, dy, NULL, NULL, dx, dw, n, d, 0.0f};
+    rms_job j = {x, w, rstd, dy, NULL, NULL, dx, dw, n, d, 0.0f, nb_ctx_simd(ctx)};
     if (dx) nb_parallel_for(ctx, n, 1 + 8192 / (d + 1), rms_bwd_rows, &j);
     if (dw) nb_parallel_for(ctx, d, n * d > 65536 ? 16 : d, rms_bwd_cols, &j);
     return NB_OK;
@@ -276,6 +266,7 @@ typedef struct {
     int64_t next;               /* forward: the next unit to take (atomic) */
     float *scratch;
     size_t scratch_per;
+    const nb_simd_table *S;    /* the context's row kernels */
 } att_job;
 
 static size_t al16z(size_t n) { return (n + 15) & ~(size_t)15; }
@@ -349,7 +340,7 @@ static void att_fwd_unit(att_job *j, int64_t u, float *S) {
         float *inv = S + al16z((size_t)m * nk);
         for (int64_t r0 = 0; r0 < m; r0 += ATT_SLAB) {
             int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB;
-            nb_simd.rows_qk(Q + r0 * qs, qs, ms, Kt, a->Tk, att_slab_keys(a, i0, r0, m, jlo, nk), hd, a->scale,
+            j->S->rows_qk(Q + r0 * qs, qs, ms, Kt, a->Tk, att_slab_keys(a, i0, r0, m, jlo, nk), hd, a->scale,
                             S + r0 * nk, nk);
         }
         for (int64_t r = 0; r < m; r++) {
@@ -358,8 +349,8 @@ static void att_fwd_unit(att_job *j, int64_t u, float *S) {
             att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
             lo -= jlo;
             hi -= jlo;
-            float mx = nb_simd.max(s + lo, hi - lo);
-            float sum = nb_simd.exp_sub_sum(s + lo, hi - lo, mx);
+            float mx = j->S->max(s + lo, hi - lo);
+            float sum = j->S->exp_sub_sum(s + lo, hi - lo, mx);
             for (int64_t c = 0; c < lo; c++) s[c] = 0.0f;
             for (int64_t c = hi; c < nk; c++) s[c] = 0.0f;
             inv[r] = 1.0f / sum;
@@ -367,7 +358,7 @@ static void att_fwd_unit(att_job *j, int64_t u, float *S) {
         }
         for (int64_t r0 = 0; r0 < m; r0 += ATT_SLAB) {
             int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB;
-            nb_simd.rows_pvr(S + r0 * nk, nk, ms, att_slab_keys(a, i0, r0, m, jlo, nk), V, ks, hd, O + r0 * qs, qs);
+            j->S->rows_pvr(S + r0 * nk, nk, ms, att_slab_keys(a, i0, r0, m, jlo, nk), V, ks, hd, O + r0 * qs, qs);
         }
         for (int64_t r = 0; r < m; r++)
             for (int64_t d = 0; d < hd; d++) O[r * qs + d] *= inv[r];
@@ -380,8 +371,8 @@ static void att_fwd_unit(att_job *j, int64_t u, float *S) {
         att_row_range(a, a->q_pos0 + i0 + r, &lo, &hi);
         lo -= jlo;
         hi -= jlo;
-        float mx = nb_simd.max(s + lo, hi - lo);
-        float sum = nb_simd.exp_sub_sum(s + lo, hi - lo, mx);
+        float mx = j->S->max(s + lo, hi - lo);
+        float sum = j->S->exp_sub_sum(s + lo, hi - lo, mx);
         float inv = 1.0f / sum;
         for (int64_t c = 0; c < lo; c++) s[c] = 0.0f;
         for (int64_t c = lo; c < hi; c++) s[c] *= inv;
@@ -416,7 +407,6 @@ nb_status nb_op_attention_fwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
                               float *out, float *lse) {
     nb_status s = att_check(ctx, a);
     if (s) return s;
-    nb_simd_ensure();
     att_job j;
     memset(&j, 0, sizeof j);
     j.a = a;
@@ -440,6 +430,7 @@ nb_status nb_op_attention_fwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
         return nb_fail(ctx, NB_ERR_NOMEM, "attention: out of memory for the score scratch");
     }
     nb_blas_threads(1);
+    j.S = nb_ctx_simd(ctx);
     if (small) nb_parallel_for(ctx, a->B * a->KVH, 1, att_transpose_range, &j);
     nb_parallel_for(ctx, j.nt, 1, att_fwd_range, &j);
     free(j.scratch);
@@ -503,8 +494,8 @@ static void att_bwd_small_unit(att_job *j, int64_t u, float *scratch) {
             float *dQ = k.dQ;
             for (int64_t r0 = 0; r0 < m; r0 += ATT_SLAB) {
                 int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB, n = att_slab_keys(a, i0, r0, m, jlo, nk);
-                nb_simd.rows_qk(Q + r0 * qs, qs, ms, Kt + jlo, Tk, n, hd, a->scale, P + r0 * nk, nk);
-                nb_simd.rows_qk(dO + r0 * qs, qs, ms, Vt + jlo, Tk, n, hd, 1.0f, dS + r0 * nk, nk);
+                j->S->rows_qk(Q + r0 * qs, qs, ms, Kt + jlo, Tk, n, hd, a->scale, P + r0 * nk, nk);
+                j->S->rows_qk(dO + r0 * qs, qs, ms, Vt + jlo, Tk, n, hd, 1.0f, dS + r0 * nk, nk);
             }
             for (int64_t r = 0; r < m; r++) {
                 int64_t lo, hi;
@@ -514,16 +505,16 @@ static void att_bwd_small_unit(att_job *j, int64_t u, float *scratch) {
                 float *p = P + r * nk, *ds = dS + r * nk;
                 for (int64_t c = 0; c < lo; c++) p[c] = ds[c] = 0.0f;
                 for (int64_t c = hi; c < nk; c++) p[c] = ds[c] = 0.0f;
-                nb_simd.attn_dsoft(p + lo, ds + lo, hi - lo, lse[r], nb_simd.dot(dO + r * qs, O + r * qs, hd), a->scale);
+                j->S->attn_dsoft(p + lo, ds + lo, hi - lo, lse[r], j->S->dot(dO + r * qs, O + r * qs, hd), a->scale);
             }
             /* dK, dV: the keys [nprev, n) that slab r0 is the first to see get rows [r0, m) */
             for (int64_t r0 = 0, nprev = 0; r0 < m; r0 += ATT_SLAB) {
                 int64_t ms = m - r0 < ATT_SLAB ? m - r0 : ATT_SLAB, n = att_slab_keys(a, i0, r0, m, jlo, nk);
-                nb_simd.rows_pv(dS + r0 * nk, nk, ms, n, Kt + jlo, Tk, hd, dQ + r0 * qs, qs);
+                j->S->rows_pv(dS + r0 * nk, nk, ms, n, Kt + jlo, Tk, hd, dQ + r0 * qs, qs);
                 if (n > nprev) {
-                    nb_simd.rows_tn(dS + r0 * nk + nprev, nk, m - r0, n - nprev, Q + r0 * qs, qs, hd,
+                    j->S->rows_tn(dS + r0 * nk + nprev, nk, m - r0, n - nprev, Q + r0 * qs, qs, hd,
                                     dKt + jlo + nprev, Tk);
-                    nb_simd.rows_tn(P + r0 * nk + nprev, nk, m - r0, n - nprev, dO + r0 * qs, qs, hd,
+                    j->S->rows_tn(P + r0 * nk + nprev, nk, m - r0, n - nprev, dO + r0 * qs, qs, hd,
                                     dVt + jlo + nprev, Tk);
                     nprev = n;
                 }
@@ -559,7 +550,7 @@ static void att_bwd_unit(att_job *j, int64_t u, float *P) {
         const float *V = j->v + (b * a->kv_rows + jlo) * ks + (h / grp) * hd;
         gemm1(0, 1, m, nk, hd, a->scale, Q, qs, K, ks, 0.0f, P, nk);
         gemm1(0, 1, m, nk, hd, 1.0f, dO, qs, V, ks, 0.0f, dP, nk);
-        for (int64_t r = 0; r < m; r++) Dr[r] = nb_simd.dot(dO + r * qs, O + r * qs, hd);
+        for (int64_t r = 0; r < m; r++) Dr[r] = j->S->dot(dO + r * qs, O + r * qs, hd);
         for (int64_t r = 0; r < m; r++) {
             float *p = P + r * nk, *dp = dP + r * nk;
             int64_t lo, hi;
@@ -567,7 +558,7 @@ static void att_bwd_unit(att_job *j, int64_t u, float *P) {
             lo -= jlo;
             hi -= jlo;
             for (int64_t c = 0; c < lo; c++) { p[c] = 0.0f; dp[c] = 0.0f; }
-            nb_simd.attn_dsoft(p + lo, dp + lo, hi - lo, lse[r], Dr[r], a->scale);   /* P and dS */
+            j->S->attn_dsoft(p + lo, dp + lo, hi - lo, lse[r], Dr[r], a->scale);   /* P and dS */
             for (int64_t c = hi; c < nk; c++) { p[c] = 0.0f; dp[c] = 0.0f; }
         }
         gemm1(0, 0, m, hd, nk, 1.0f, dP, nk, K, ks, 0.0f, dQ, qs);
@@ -635,7 +626,6 @@ nb_status nb_op_attention_bwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
                               const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv) {
     nb_status s = att_check(ctx, a);
     if (s) return s;
-    nb_simd_ensure();
     att_job j;
     memset(&j, 0, sizeof j);
     j.a = a;
@@ -668,6 +658,7 @@ nb_status nb_op_attention_bwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
         return nb_fail(ctx, NB_ERR_NOMEM, "attention backward: out of memory");
     }
     nb_blas_threads(1);
+    j.S = nb_ctx_simd(ctx);
     nb_parallel_for(ctx, j.nt, 1, att_bwd_range, &j);
     if (!small) {
         att_red_job r = {a, j.dkh, j.dvh, dk, dv};
@@ -684,29 +675,28 @@ nb_status nb_op_attention_bwd(nb_ctx *ctx, const nb_attn_dims *a, const float *q
 typedef struct {
     const float *g, *u, *da;
     float *a, *dg, *du;
+    const nb_simd_table *S;    /* the context's row kernels */
 } swi_job;
 
 static void swi_fwd_range(void *arg, int64_t b, int64_t e) {
     swi_job *j = arg;
-    nb_simd.swiglu(j->g + b, j->u + b, j->a + b, e - b);
+    j->S->swiglu(j->g + b, j->u + b, j->a + b, e - b);
 }
 
 static void swi_bwd_range(void *arg, int64_t b, int64_t e) {
     swi_job *j = arg;
-    nb_simd.swiglu_bwd(j->g + b, j->u + b, j->da + b, j->dg + b, j->du + b, e - b);
+    j->S->swiglu_bwd(j->g + b, j->u + b, j->da + b, j->dg + b, j->du + b, e - b);
 }
 
 nb_status nb_op_swiglu_fwd(nb_ctx *ctx, const float *g, const float *u, float *a, int64_t n) {
-    nb_simd_ensure();
-    swi_job j = {g, u, NULL, a, NULL, NULL};
+    swi_job j = {g, u, NULL, a, NULL, NULL, nb_ctx_simd(ctx)};
     nb_parallel_for(ctx, n, 16384, swi_fwd_range, &j);
     return NB_OK;
 }
 
 nb_status nb_op_swiglu_bwd(nb_ctx *ctx, const float *g, const float *u, const float *da, float *dg, float *du,
                            int64_t n) {
-    nb_simd_ensure();
-    swi_job j = {g, u, da, NULL, dg, du};
+    swi_job j = {g, u, da, NULL, dg, du, nb_ctx_simd(ctx)};
     nb_parallel_for(ctx, n, 16384, swi_bwd_range, &j);
     return NB_OK;
 }
@@ -764,6 +754,7 @@ typedef struct {
     int64_t V;
     int32_t ignore;
     float scale;
+    const nb_simd_table *S;    /* the context's row kernels */
 } ce_job;
 
 static void ce_range(void *arg, int64_t b, int64_t e) {
@@ -777,13 +768,13 @@ static void ce_range(void *arg, int64_t b, int64_t e) {
             if (j->dlogits) memset(j->dlogits + i * V, 0, sizeof(float) * (size_t)V);
             continue;
         }
-        float mx = nb_simd.max(l, V);
-        float fs = nb_simd.exp_sum(l, V, mx);
+        float mx = j->S->max(l, V);
+        float fs = j->S->exp_sum(l, V, mx);
         double lse = (double)mx + log((double)fs);
         j->row_loss[i] = lse - (double)l[t];
         if (j->dlogits) {
             float *d = j->dlogits + i * V;
-            nb_simd.exp_scale(l, d, V, mx, j->scale / fs);
+            j->S->exp_scale(l, d, V, mx, j->scale / fs);
             d[t] -= j->scale;
         }
     }
@@ -796,10 +787,9 @@ nb_status nb_op_cross_entropy(nb_ctx *ctx, const float *logits, const int32_t *t
         if (targets[i] != ignore_index && (targets[i] < 0 || targets[i] >= V))
             return nb_fail(ctx, NB_ERR_INVALID, "cross_entropy: target %d of row %lld is outside [0, %lld)",
                            (int)targets[i], (long long)i, (long long)V);
-    nb_simd_ensure();
     double *rl = malloc(sizeof(double) * (size_t)(n ? n : 1));
     if (!rl) return nb_fail(ctx, NB_ERR_NOMEM, "cross_entropy: out of memory");
-    ce_job j = {logits, targets, dlogits, rl, V, ignore_index, grad_scale};
+    ce_job j = {logits, targets, dlogits, rl, V, ignore_index, grad_scale, nb_ctx_simd(ctx)};
     nb_parallel_for(ctx, n, 1 + 16384 / (V + 1), ce_range, &j);
     double s = 0.0;
     int64_t c = 0;

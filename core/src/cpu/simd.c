@@ -1,15 +1,14 @@
 /* Row kernels with runtime CPU dispatch: AVX-512 or AVX2+FMA on x86-64 machines that have them,
  * portable C otherwise. They are the exp/max/dot loops a compiler will not vectorize on its own without
  * -ffast-math (reductions, clamps), used by softmax, SwiGLU, RMSNorm and cross-entropy in ops.c.
- * NIBBLE_SIMD=auto|avx512|avx2|scalar forces a level for the whole process (checked by nb_ctx_new);
- * nb_simd_force() lets the tests run every path on one machine and compare them. */
+ * Each context runs the table of the level its backend chose at creation (nb_ctx_options.simd, or
+ * NIBBLE_SIMD=auto|avx512|avx2|scalar read then; see ctx.c), so the tables here are constants. */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/internal.h"
+#include "cpu/simd.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define NB_HAVE_AVX2_PATH 1
@@ -703,9 +702,7 @@ static AVX512 void a5_rows_tn(const float *A, int64_t lda, int64_t m, int64_t n,
 }
 #endif
 
-/* ---- dispatch -------------------------------------------------------------------------------- */
-
-nb_simd_table nb_simd;   /* process-wide, filled once from the CPU's features (no per-context state) */
+/* ---- the tables ------------------------------------------------------------------------------ */
 
 static const nb_simd_table k_scalar = {"scalar", sc_max, sc_exp_sub_sum, sc_exp_sum, sc_exp_scale, sc_dot, sc_dot3,
                                        sc_swiglu, sc_swiglu_bwd, sc_attn_dsoft, sc_rows_qk, sc_rows_pvr, sc_rows_pv, sc_rows_tn};
@@ -714,72 +711,38 @@ static const nb_simd_table k_avx2 = {"avx2", av_max, av_exp_sub_sum, av_exp_sum,
                                      av_swiglu, av_swiglu_bwd, av_attn_dsoft, av_rows_qk, av_rows_pvr, av_rows_pv, av_rows_tn};
 static const nb_simd_table k_avx512 = {"avx512", a5_max, a5_exp_sub_sum, a5_exp_sum, a5_exp_scale, av_dot, av_dot3,
                                        a5_swiglu, a5_swiglu_bwd, a5_attn_dsoft, a5_rows_qk, av_rows_pvr, a5_rows_pv, a5_rows_tn};
-
-static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-static int have_avx512(void) { return have_avx2() && __builtin_cpu_supports("avx512f"); }
 #endif
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+const nb_simd_table *nb_simd_table_for(int level) {
+#ifdef NB_HAVE_AVX2_PATH
+    if (level == NB_SIMD_AVX512) return &k_avx512;
+    if (level == NB_SIMD_AVX2) return &k_avx2;
+#endif
+    (void)level;
+    return &k_scalar;
+}
 
-/* NIBBLE_SIMD (unset, empty or "auto" = the best level this CPU has) forces a level, read once here
- * where the table is chosen, so one machine can run the paths other CPUs take. A value that is not
- * a level, or a level this CPU (or build) lacks, leaves the auto table in place and an error that
- * nb_ctx_new returns (nb_simd_env_status): never a silent fallback to another level. */
-static nb_status g_env_status;
-static char g_env_value[64];
-static int g_cpu_level;   /* 0 scalar, 1 avx2, 2 avx512: the best this CPU and build run */
+static const char *const LEVEL_NAMES[3] = {"scalar", "avx2", "avx512"};
 
+int nb_simd_level_of(const char *name) {
+    for (int l = 0; l < 3; l++)
+        if (name && !strcmp(name, LEVEL_NAMES[l])) return l;
+    return -1;
+}
+
+/* A value that is not a level, or a level this CPU (or build) lacks, is an error naming what is valid
+ * here: never a silent fallback to another level. */
 nb_status nb_simd_select(nb_ctx *ctx, const char *value, int cpu_level, const char **level) {
-    static const char *const names[3] = {"scalar", "avx2", "avx512"};
     static const char *const valid[3] = {"auto, scalar", "auto, avx2, scalar", "auto, avx512, avx2, scalar"};
-    *level = names[cpu_level];
+    *level = LEVEL_NAMES[cpu_level];
     if (!value || !*value || !strcmp(value, "auto")) return NB_OK;
-    for (int l = 0; l < 3; l++) {
-        if (strcmp(value, names[l]) != 0) continue;
-        if (l > cpu_level)
-            return nb_fail(ctx, NB_ERR_UNSUPPORTED, "NIBBLE_SIMD='%s': this CPU (or this build) lacks %s; valid values "
-                           "here are %s", value, l == 1 ? "AVX2+FMA" : "AVX-512F", valid[cpu_level]);
-        *level = names[l];
-        return NB_OK;
-    }
-    return nb_fail(ctx, NB_ERR_INVALID, "NIBBLE_SIMD='%.60s' is not a SIMD level: expected auto, avx512, avx2 or scalar "
-                   "(unset it for auto)", value);
-}
-
-static void simd_init(void) {
-#ifdef NB_HAVE_AVX2_PATH
-    __builtin_cpu_init();
-    g_cpu_level = have_avx512() ? 2 : have_avx2() ? 1 : 0;
-#endif
-    const char *env = getenv("NIBBLE_SIMD"), *level = NULL;
-    g_env_status = nb_simd_select(NULL, env, g_cpu_level, &level);
-    if (g_env_status) snprintf(g_env_value, sizeof g_env_value, "%.60s", env);
-    nb_simd = k_scalar;
-#ifdef NB_HAVE_AVX2_PATH
-    if (!strcmp(level, "avx512")) nb_simd = k_avx512;
-    else if (!strcmp(level, "avx2")) nb_simd = k_avx2;
-#endif
-}
-
-void nb_simd_ensure(void) { pthread_once(&g_once, simd_init); }
-
-nb_status nb_simd_env_status(nb_ctx *ctx) {
-    nb_simd_ensure();
-    const char *level;
-    return g_env_status ? nb_simd_select(ctx, g_env_value, g_cpu_level, &level) : NB_OK;
-}
-
-const char *nb_simd_level(void) {
-    nb_simd_ensure();
-    return nb_simd.name;
-}
-
-const char *nb_simd_force(const char *name) {
-    nb_simd_ensure();
-    if (name && !strcmp(name, "scalar")) nb_simd = k_scalar;
-#ifdef NB_HAVE_AVX2_PATH
-    else if (name && !strcmp(name, "avx2") && have_avx2()) nb_simd = k_avx2;
-    else if (name && !strcmp(name, "avx512") && have_avx512()) nb_simd = k_avx512;
-#endif
-    return nb_simd.name;
+    int l = nb_simd_level_of(value);
+    if (l < 0)
+        return nb_fail(ctx, NB_ERR_INVALID, "NIBBLE_SIMD='%.60s' is not a SIMD level: expected auto, avx512, avx2 or scalar "
+                       "(unset it for auto)", value);
+    if (l > cpu_level)
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "NIBBLE_SIMD='%s': this CPU (or this build) lacks %s; valid values "
+                       "here are %s", value, l == 1 ? "AVX2+FMA" : "AVX-512F", valid[cpu_level]);
+    *level = LEVEL_NAMES[l];
+    return NB_OK;
 }

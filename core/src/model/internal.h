@@ -15,46 +15,7 @@ void nb_gemm(nb_ctx *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float
              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void nb_bias_add(nb_ctx *ctx, float *y, const float *b, int64_t n, int64_t out);
 
-/* simd.c: row kernels chosen once from the CPU's features (AVX2+FMA or portable C). */
-typedef struct nb_simd_table {
-    const char *name;
-    float (*max)(const float *x, int64_t n);                              /* -inf when n == 0 */
-    float (*exp_sub_sum)(float *x, int64_t n, float sub);                 /* x = exp(x - sub); returns the sum */
-    float (*exp_sum)(const float *x, int64_t n, float sub);               /* sum exp(x - sub) */
-    void (*exp_scale)(const float *x, float *y, int64_t n, float sub, float k);   /* y = k exp(x - sub) */
-    float (*dot)(const float *a, const float *b, int64_t n);
-    float (*dot3)(const float *a, const float *b, const float *c, int64_t n);
-    void (*swiglu)(const float *g, const float *u, float *a, int64_t n);
-    void (*swiglu_bwd)(const float *g, const float *u, const float *da, float *dg, float *du, int64_t n);
-    void (*attn_dsoft)(float *p, float *dp, int64_t n, float lse, float D, float scale);  /* p = exp(p - lse);
-                                                                                            dp = p (dp - D) scale */
-    /* attention blocks for small head dims (rows of Q, P, dS; keys of K, V). K, V and the dK, dV
-     * accumulators are kept transposed ([hd][keys]), so the vectors of every kernel run along the
-     * keys: with hd = 8 a vector holds 8 or 16 keys instead of one short head row.
-     * rows_qk: S[r][c] = scale sum_d Q[r][d] Kt[d][c]      (r < m, c < n)
-     * rows_pvr: O[r][:hd] = sum_c P[r][c] V[c][:hd]       (V row-major, one FMA chain per output in key
-     *           order: the forward's rounding; written)
-     * rows_pv: O[r][d] = sum_c P[r][c] Vt[d][c]            (d < hd; written)
-     * rows_tn: Ct[d][c] += sum_r A[r][c] B[r][d]           (d < hd, c < n; accumulated) */
-    void (*rows_qk)(const float *Q, int64_t ldq, int64_t m, const float *Kt, int64_t ldk, int64_t n, int64_t hd,
-                    float scale, float *S, int64_t lds);
-    void (*rows_pvr)(const float *P, int64_t ldp, int64_t m, int64_t n, const float *V, int64_t ldv, int64_t hd,
-                     float *O, int64_t ldo);
-    void (*rows_pv)(const float *P, int64_t ldp, int64_t m, int64_t n, const float *Vt, int64_t ldv, int64_t hd,
-                    float *O, int64_t ldo);
-    void (*rows_tn)(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t hd,
-                    float *Ct, int64_t ldc);
-} nb_simd_table;
-extern nb_simd_table nb_simd;
-void nb_simd_ensure(void);
-/* NB_OK, or the error a bad NIBBLE_SIMD left when the table was chosen (nb_ctx_new returns it). */
-nb_status nb_simd_env_status(nb_ctx *ctx);
-/* The level NIBBLE_SIMD=value selects on a CPU whose best level is cpu_level (0 scalar, 1 avx2,
- * 2 avx512): *level is its name, or the best one and an error for a value that is not a level or
- * a level above cpu_level (a pure function, so tests can ask for CPUs other than this one). */
-nb_status nb_simd_select(nb_ctx *ctx, const char *value, int cpu_level, const char **level);
-/* Tests: force "scalar", "avx2" or "avx512" (when the CPU has it); returns the name now in use. */
-const char *nb_simd_force(const char *name);
+#include "cpu/simd.h"   /* the SIMD row kernels of the context's backend */
 
 enum { NB_LIN_PER_LAYER = 7 };
 

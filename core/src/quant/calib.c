@@ -327,7 +327,7 @@ static void sse_range(void *arg, int64_t begin, int64_t end) {
                 mo_nvfp4_static_block(buf + b * NB_NVFP4_BLOCK, j->cand[r * nb + b], j->gq, y + b * NB_NVFP4_BLOCK);
         } else {
             nbq_plan_row(j->plan, r, &a);
-            j->plan->tr->fake_row(buf, n, &a, y);
+            j->plan->fn.fake(buf, n, &a, y);
         }
         /* F.mse_loss(x, xq, reduction="none"): f32 difference and square; summed in double */
         if (j->gran == G_BLOCK) {

@@ -1,6 +1,6 @@
 /* The CUDA quantization API (nibble/quant_cuda.h) when libnibble is built without the kernels:
- * every entry point fails with NB_ERR_DEVICE and says how to get them. With CUDA the kernels'
- * objects live in the static nibble_cuda library; the table below makes the linker keep them. */
+ * every entry point fails with NB_ERR_DEVICE and says how to get them. With CUDA the kernels' objects
+ * live in the static nibble_cuda library, kept by the device dispatch of the quantizers (qdevice.c). */
 #include <string.h>
 
 #include "nibble/quant_cuda.h"
@@ -47,13 +47,5 @@ nb_status nb_cuda_fake_quant_host(nb_ctx *ctx, nb_qformat f, const void *x, nb_d
                                   const nb_cuda_qargs *a, void *y, nb_dtype ydt) {
     return no_cuda(ctx, "fake quant");
 }
-
-#else
-
-/* Referenced from libnibble's own objects, so a static link of nibble_cuda keeps quant_api.cu. */
-void (*const nbq_cuda_api_keep[])(void) = {
-    (void (*)(void))nb_cuda_quantize,      (void (*)(void))nb_cuda_dequantize,      (void (*)(void))nb_cuda_fake_quant,
-    (void (*)(void))nb_cuda_quantize_host, (void (*)(void))nb_cuda_dequantize_host, (void (*)(void))nb_cuda_fake_quant_host,
-};
 
 #endif

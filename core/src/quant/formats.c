@@ -1,6 +1,6 @@
 /* The quantization format traits table (ggml-style: one row per stable nb_qformat id) and the
- * small numeric helpers the calibrators share. Row function pointers start at the scalar
- * references and can be swapped by a dispatcher (nb_qformat_set_rows) for bit-equal fast paths. */
+ * small numeric helpers the calibrators share. The rows are constant: which row functions run is
+ * each context's choice (its backend, core/src/cpu/fast_dispatch.c). */
 #include <math.h>
 #include <string.h>
 
@@ -10,32 +10,13 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-/* Mutable only through nb_qformat_set_rows; the numeric fields never change. */
-static nb_qformat_traits TRAITS[NB_FMT_COUNT] = {
-    [NB_FMT_NONE] = {"none", NB_FMT_NONE, 0, NB_F32, NB_F32, NB_F32, 0.0f, 0.0f, NULL, NULL, NULL},
-    [NB_FMT_NVFP4] = {"nvfp4", NB_FMT_NVFP4, NB_NVFP4_BLOCK, NB_E2M1, NB_U8, NB_E4M3, 6.0f, 448.0f,
-                      nb_nvfp4_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_fake_row_ref},
-    [NB_FMT_NVFP4_46] = {"nvfp4_46", NB_FMT_NVFP4, NB_NVFP4_BLOCK, NB_E2M1, NB_U8, NB_E4M3, 6.0f, 256.0f,
-                         nb_nvfp4_46_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_46_fake_row_ref},
-    [NB_FMT_MXFP8] = {"mxfp8", NB_FMT_MXFP8, NB_MXFP8_BLOCK, NB_E4M3, NB_E4M3, NB_U8, 448.0f, 0.0f,
-                      nb_mxfp8_quantize_row_ref, nb_mxfp8_dequantize_row_ref, nb_mxfp8_fake_row_ref},
-    [NB_FMT_FP8_TENSOR] = {"fp8", NB_FMT_FP8_TENSOR, 0, NB_E4M3, NB_E4M3, NB_F32, 448.0f, 0.0f,
-                           nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
-    [NB_FMT_FP8_CHANNEL] = {"fp8_channel", NB_FMT_FP8_CHANNEL, 0, NB_E4M3, NB_E4M3, NB_F32, 448.0f, 0.0f,
-                            nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
-};
-
-/* The references, to restore after a swap. */
-static const struct {
-    nb_qrow_quantize_fn q;
-    nb_qrow_dequantize_fn d;
-    nb_qrow_fake_fn f;
-} REF[NB_FMT_COUNT] = {
-    [NB_FMT_NVFP4] = {nb_nvfp4_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_fake_row_ref},
-    [NB_FMT_NVFP4_46] = {nb_nvfp4_46_quantize_row_ref, nb_nvfp4_dequantize_row_ref, nb_nvfp4_46_fake_row_ref},
-    [NB_FMT_MXFP8] = {nb_mxfp8_quantize_row_ref, nb_mxfp8_dequantize_row_ref, nb_mxfp8_fake_row_ref},
-    [NB_FMT_FP8_TENSOR] = {nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
-    [NB_FMT_FP8_CHANNEL] = {nb_fp8_quantize_row_ref, nb_fp8_dequantize_row_ref, nb_fp8_fake_row_ref},
+static const nb_qformat_traits TRAITS[NB_FMT_COUNT] = {
+    [NB_FMT_NONE] = {"none", NB_FMT_NONE, 0, NB_F32, NB_F32, NB_F32, 0.0f, 0.0f},
+    [NB_FMT_NVFP4] = {"nvfp4", NB_FMT_NVFP4, NB_NVFP4_BLOCK, NB_E2M1, NB_U8, NB_E4M3, 6.0f, 448.0f},
+    [NB_FMT_NVFP4_46] = {"nvfp4_46", NB_FMT_NVFP4, NB_NVFP4_BLOCK, NB_E2M1, NB_U8, NB_E4M3, 6.0f, 256.0f},
+    [NB_FMT_MXFP8] = {"mxfp8", NB_FMT_MXFP8, NB_MXFP8_BLOCK, NB_E4M3, NB_E4M3, NB_U8, 448.0f, 0.0f},
+    [NB_FMT_FP8_TENSOR] = {"fp8", NB_FMT_FP8_TENSOR, 0, NB_E4M3, NB_E4M3, NB_F32, 448.0f, 0.0f},
+    [NB_FMT_FP8_CHANNEL] = {"fp8_channel", NB_FMT_FP8_CHANNEL, 0, NB_E4M3, NB_E4M3, NB_F32, 448.0f, 0.0f},
 };
 
 const nb_qformat_traits *nb_qformat_info(nb_qformat f) {
@@ -49,16 +30,6 @@ int nb_qformat_from_name(const char *name) {
     for (int i = 0; i < NB_FMT_COUNT; i++)
         if (strcmp(TRAITS[i].name, name) == 0) return i;
     return -1;
-}
-
-nb_status nb_qformat_set_rows(nb_ctx *ctx, nb_qformat f, nb_qrow_quantize_fn quantize,
-                              nb_qrow_dequantize_fn dequantize, nb_qrow_fake_fn fake) {
-    if ((unsigned)f >= NB_FMT_COUNT || f == NB_FMT_NONE)
-        return nb_fail(ctx, NB_ERR_INVALID, "set_rows: no row functions for format %d", (int)f);
-    TRAITS[f].quantize_row = quantize ? quantize : REF[f].q;
-    TRAITS[f].dequantize_row = dequantize ? dequantize : REF[f].d;
-    TRAITS[f].fake_row = fake ? fake : REF[f].f;
-    return NB_OK;
 }
 
 float nb_linspace_f32(double start, double stop, int64_t steps, int64_t i) {

@@ -65,6 +65,13 @@ float nbq_absmax(nb_ctx *ctx, const void *base, nb_dtype dt, int64_t n) {
 }
 
 nb_status nbq_check_input(nb_ctx *ctx, const nb_tensor *x, nb_qformat f, const char *what) {
+    nb_status s = nbq_check_input_any(ctx, x, f, what);
+    if (!s && x->device >= 0)
+        return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: device tensors are not supported by the CPU quantizer", what);
+    return s;
+}
+
+nb_status nbq_check_input_any(nb_ctx *ctx, const nb_tensor *x, nb_qformat f, const char *what) {
     nb_status se = nbq_env_path_status(ctx);   /* a bad NIBBLE_QUANT_PATH fails here, never silently */
     if (se) return se;
     const nb_qformat_traits *tr = nb_qformat_info(f);
@@ -74,7 +81,6 @@ nb_status nbq_check_input(nb_ctx *ctx, const nb_tensor *x, nb_qformat f, const c
         return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: %s input: %s quantizes f32, bf16 or f16 tensors", what,
                        nb_dtype_info(x->dtype)->name, tr->name);
     if (x->ndim < 1) return nb_fail(ctx, NB_ERR_SHAPE, "%s: %s needs a tensor with at least one dimension", what, tr->name);
-    if (x->device >= 0) return nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: device tensors are not supported by the CPU quantizer", what);
     int64_t n = x->shape[x->ndim - 1];
     if (tr->block_size && n % tr->block_size)
         return nb_fail(ctx, NB_ERR_SHAPE,
@@ -242,6 +248,7 @@ nb_status nbq_plan_init(nb_ctx *ctx, nbq_plan *plan, const nb_tensor *x, const n
     const char *what = p->name ? p->name : "tensor";
     plan->fmt = p->format;
     plan->tr = nb_qformat_info(p->format);
+    if (plan->tr && p->format != NB_FMT_NONE) plan->fn = *nb_qformat_rows(ctx, p->format);
     if (!plan->tr || p->format == NB_FMT_NONE)
         return nb_fail(ctx, NB_ERR_INVALID, "%s: unknown or empty quantization format %d", what, (int)p->format);
     if (x) {

@@ -3,6 +3,7 @@
  * with nb_parallel_for. Quantize, fake quant and dequantize all go through the traits table.
  * Quantize reads the input once unless a per-tensor amax must come from the data first: the NaN/Inf
  * check and FP8's row amax happen per row, in cache, in the same pass as the quantization. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,9 +19,16 @@
 static int64_t data_row_bytes(nb_qformat f, int64_t n) { return nbq_is_nvfp4(f) ? n / 2 : n; }
 static int64_t scale_row_bytes(const nb_qformat_traits *tr, int64_t n) { return tr->block_size ? n / tr->block_size : 0; }
 
-/* uninit: the buffers' contents are unspecified (nb_quantize writes every byte). */
-static nb_status qtensor_alloc(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, int uninit, nb_qtensor **out) {
-    nb_status (*tnew)(nb_ctx *, nb_dtype, int, const int64_t *, nb_tensor **) = uninit ? nb_tensor_new_uninit : nb_tensor_new;
+/* A tensor of the quantized tensor on `device` (-1: the host, zeroed unless uninit). */
+static nb_status part_new(nb_ctx *ctx, int device, int uninit, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out) {
+    if (device >= 0) return nb_tensor_new_on(ctx, device, dt, ndim, shape, out);
+    return uninit ? nb_tensor_new_uninit(ctx, dt, ndim, shape, out) : nb_tensor_new(ctx, dt, ndim, shape, out);
+}
+
+/* uninit: the buffers' contents are unspecified (nb_quantize writes every byte); device >= 0: on that
+ * CUDA device (contents unspecified). */
+static nb_status qtensor_alloc(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, int uninit, int device,
+                               nb_qtensor **out) {
     *out = NULL;
     const nb_qformat_traits *tr = nb_qformat_info(f);
     if (!tr || f == NB_FMT_NONE) return nb_fail(ctx, NB_ERR_INVALID, "qtensor: unknown or empty format %d", (int)f);
@@ -41,17 +49,17 @@ static nb_status qtensor_alloc(nb_ctx *ctx, nb_qformat f, int ndim, const int64_
     memcpy(sh, shape, (size_t)ndim * sizeof(int64_t));
     nb_status s;
     sh[ndim - 1] = data_row_bytes(f, n);
-    if ((s = tnew(ctx, tr->data_dtype, ndim, sh, &q->data))) goto fail;
+    if ((s = part_new(ctx, device, uninit, tr->data_dtype, ndim, sh, &q->data))) goto fail;
     if (tr->block_size) {
         sh[ndim - 1] = n / tr->block_size;
-        s = tnew(ctx, tr->scale_dtype, ndim, sh, &q->scale);
+        s = part_new(ctx, device, uninit, tr->scale_dtype, ndim, sh, &q->scale);
     } else if (f == NB_FMT_FP8_CHANNEL) {
-        s = tnew(ctx, NB_F32, ndim - 1, sh, &q->scale);   /* [out]: ModelOpt's exported shape */
+        s = part_new(ctx, device, uninit, NB_F32, ndim - 1, sh, &q->scale);   /* [out]: ModelOpt's exported shape */
     } else {
-        s = tnew(ctx, NB_F32, 0, NULL, &q->scale);
+        s = part_new(ctx, device, uninit, NB_F32, 0, NULL, &q->scale);
     }
     if (s) goto fail;
-    if (nbq_is_nvfp4(f) && (s = tnew(ctx, NB_F32, 0, NULL, &q->scale2))) goto fail;
+    if (nbq_is_nvfp4(f) && (s = part_new(ctx, device, uninit, NB_F32, 0, NULL, &q->scale2))) goto fail;
     *out = q;
     return NB_OK;
 fail:
@@ -62,7 +70,7 @@ fail:
 nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, nb_qtensor **out) {
     if (!out) return nb_fail(ctx, NB_ERR_INVALID, "nb_qtensor_new: out is NULL");
     if (!shape && ndim > 0) return nb_fail(ctx, NB_ERR_INVALID, "nb_qtensor_new: shape is NULL");
-    return qtensor_alloc(ctx, f, ndim, shape, 0, out);
+    return qtensor_alloc(ctx, f, ndim, shape, 0, -1, out);
 }
 
 static int same_dims(const nb_tensor *t, int ndim, const int64_t *sh) {
@@ -166,7 +174,7 @@ static void fake_range(void *arg, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; r++) {
         nbq_load_row(j->x, j->xdt, r, pl->n, buf);
         nbq_plan_row(pl, r, &a);
-        pl->tr->fake_row(buf, pl->n, &a, buf + pl->n);
+        pl->fn.fake(buf, pl->n, &a, buf + pl->n);
         nbq_store_row(j->y, j->ydt, r, pl->n, buf + pl->n);
     }
     free(buf);
@@ -181,7 +189,7 @@ static void dequant_range(void *arg, int64_t begin, int64_t end) {
     nb_qrow_args a = pl->base;
     for (int64_t r = begin; r < end; r++) {
         if (j->row_scales) a.scale = j->row_scales[r];
-        pl->tr->dequantize_row(j->q + r * qb, sb ? j->s + r * sb : NULL, pl->n, &a, buf);
+        pl->fn.dequantize(j->q + r * qb, sb ? j->s + r * sb : NULL, pl->n, &a, buf);
         nbq_store_row(j->y, j->ydt, r, pl->n, buf);
     }
     free(buf);
@@ -248,7 +256,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
                 return;
             }
             nbq_fast_load_f32(xr, NB_BF16, n, buf);
-            pl->tr->quantize_row(buf, n, &a, qr, NULL);
+            pl->fn.quantize(buf, n, &a, qr, NULL);
         }
         free(buf);
         return;
@@ -286,7 +294,7 @@ static void quant_range(void *arg, int64_t begin, int64_t end) {
             return;
         }
         nbq_fast_load_f32(xr, j->xdt, n, buf);
-        pl->tr->quantize_row(buf, n, &a, qr, sr);
+        pl->fn.quantize(buf, n, &a, qr, sr);
     }
     free(buf);
 }
@@ -306,6 +314,7 @@ static nb_status plan_channel_deferred(nb_ctx *ctx, nbq_plan *plan, const nb_ten
     memset(plan, 0, sizeof *plan);
     plan->fmt = p->format;
     plan->tr = nb_qformat_info(p->format);
+    plan->fn = *nb_qformat_rows(ctx, p->format);
     plan->n = x->shape[x->ndim - 1];
     plan->rows = plan->n ? nb_tensor_numel(x) / plan->n : 0;
     plan->base.mx_floor = p->mx_floor;
@@ -338,7 +347,7 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
         return sf ? sf : s;
     }
     nb_qtensor *q = *qp;
-    if (!q && (s = qtensor_alloc(ctx, p->format, xc->ndim, xc->shape, 1, &q))) goto done;
+    if (!q && (s = qtensor_alloc(ctx, p->format, xc->ndim, xc->shape, 1, -1, &q))) goto done;
     if (q->scale2) *(float *)nb_tensor_data(q->scale2) = plan.base.scale;
     if (p->format == NB_FMT_FP8_TENSOR) *(float *)nb_tensor_data(q->scale) = plan.base.scale;
     if (p->format == NB_FMT_FP8_CHANNEL && !channel)
@@ -346,10 +355,10 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
     quant_job j = {.plan = &plan, .x = nb_tensor_data(xc), .xdt = xc->dtype, .q = nb_tensor_data(q->data),
                    .s = plan.tr->block_size ? nb_tensor_data(q->scale) : NULL,
                    .row_scale_out = channel ? nb_tensor_data(q->scale) : NULL, .check_rows = !need_amax};
-    if (xc->dtype == NB_BF16 && nbq_bf16_kernels_for(p->format)) {
+    if (xc->dtype == NB_BF16 && nbq_bf16_kernels_for(ctx, p->format)) {
         j.bf16 = nbq_avx512_quantize_bf16;
         j.bf16_next = nbq_avx512_fp8_row_next_bf16;
-    } else if (xc->dtype == NB_BF16 && nbq_avx2_bf16_for(p->format)) {   /* MXFP8, FP8 */
+    } else if (xc->dtype == NB_BF16 && nbq_avx2_bf16_for(ctx, p->format)) {   /* MXFP8, FP8 */
         j.bf16 = nbq_avx2_quantize_bf16;
         j.bf16_next = nbq_avx2_fp8_row_next_bf16;
     }
@@ -357,7 +366,7 @@ static nb_status quantize_impl(nb_ctx *ctx, const nb_tensor *xc, const nb_qparam
     /* every NVFP4 case, four_over_six's per-block pick included (both candidates' codes from the table):
      * on the "avx512" path the BF16 kernel, on the "avx2" path (installed AVX2 rows) the AVX2 one */
     int tab_fmt = nbq_is_nvfp4(p->format);
-    int avx2tab = !j.bf16 && tab_fmt && xc->dtype == NB_BF16 && nbq_avx2_nv_table_for(p->format);
+    int avx2tab = !j.bf16 && tab_fmt && xc->dtype == NB_BF16 && nbq_avx2_nv_table_for(ctx, p->format);
     if ((j.bf16 || avx2tab) && tab_fmt && plan.rows * plan.n >= ((int64_t)1 << 20) &&
         (tab = aligned_alloc(64, (sizeof *tab + 63) & ~(size_t)63))) {   /* rows on cache lines */
         /* ~50 us of exact divisions (one thread) make the kernel ~2.5x faster, ~0.2 ns per element
@@ -388,13 +397,31 @@ nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_q
     *out = NULL;
     if (!p) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantize: params are NULL (nb_qparams_init makes them)");
     const char *what = p->name ? p->name : "tensor";
-    nb_status s = nbq_check_input(ctx, x, p->format, what);
+    nb_status s = nbq_check_input_any(ctx, x, p->format, what);
     if (s) return s;
+    if (x->device >= 0) {   /* on its CUDA device, into a quantized tensor there */
+        nb_qtensor *q = NULL;
+        if ((s = nbq_device_check(ctx, x, what, "input"))) return s;
+        if ((s = qtensor_alloc(ctx, p->format, x->ndim, x->shape, 1, x->device, &q))) return s;
+        if ((s = nbq_device_quantize(ctx, x, p, what, q))) nb_qtensor_release(q);
+        else *out = q;
+        return s;
+    }
     nb_tensor *xc = NULL;
     if ((s = nbq_contiguous(ctx, x, &xc))) return s;
     s = quantize_impl(ctx, xc, p, out);
     nb_tensor_release(xc);
     return s;
+}
+
+/* An output on the input's device (host or CUDA): NB_ERR_DEVICE naming both otherwise. */
+static nb_status same_device(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *out, const char *what) {
+    if (x->device == out->device) return NB_OK;
+    char a[32], b[32];
+    snprintf(a, sizeof a, x->device < 0 ? "the host" : "CUDA device %d", x->device);
+    snprintf(b, sizeof b, out->device < 0 ? "the host" : "CUDA device %d", out->device);
+    return nb_fail(ctx, NB_ERR_DEVICE, "%s: the input is on %s, the output on %s (nb_tensor_to_device moves tensors)", what,
+                   a, b);
 }
 
 static int tensor_fits(const nb_tensor *t, nb_dtype dt, nb_dtype alt, int64_t numel) {
@@ -405,7 +432,7 @@ static int tensor_fits(const nb_tensor *t, nb_dtype dt, nb_dtype alt, int64_t nu
 nb_status nb_quantize_into(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor *q) {
     if (!p) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantize_into: params are NULL (nb_qparams_init makes them)");
     const char *what = p->name ? p->name : "tensor";
-    nb_status s = nbq_check_input(ctx, x, p->format, what);
+    nb_status s = nbq_check_input_any(ctx, x, p->format, what);
     if (s) return s;
     if (!q) return nb_fail(ctx, NB_ERR_INVALID, "%s: quantized output is NULL", what);
     const nb_qformat_traits *tr = nb_qformat_info(p->format);
@@ -422,6 +449,12 @@ nb_status nb_quantize_into(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p,
         (nbq_is_nvfp4(p->format) && !tensor_fits(q->scale2, NB_F32, NB_F32, 1)))
         return nb_fail(ctx, NB_ERR_INVALID, "%s: quantized output's tensors must be contiguous, writable and sized for the input",
                        what);
+    if (x->device >= 0 || q->data->device >= 0) {
+        if ((s = same_device(ctx, x, q->data, what)) || (s = same_device(ctx, x, q->scale, what)) ||
+            (q->scale2 && (s = same_device(ctx, x, q->scale2, what))) || (s = nbq_device_check(ctx, x, what, "input")))
+            return s;
+        return nbq_device_quantize(ctx, x, p, what, q);
+    }
     nb_tensor *xc = NULL;
     if ((s = nbq_contiguous(ctx, x, &xc))) return s;
     s = quantize_impl(ctx, xc, p, &q);
@@ -463,9 +496,15 @@ nb_status nbq_fake_plan_f32(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *
 nb_status nb_fake_quant(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_tensor *out) {
     if (!p) return nb_fail(ctx, NB_ERR_INVALID, "nb_fake_quant: params are NULL (nb_qparams_init makes them)");
     const char *what = p->name ? p->name : "tensor";
-    nb_status s = nbq_check_input(ctx, x, p->format, what);
+    nb_status s = nbq_check_input_any(ctx, x, p->format, what);
     if (s) return s;
     if ((s = check_out(ctx, x, out, what))) return s;
+    if (x->device >= 0 || out->device >= 0) {
+        if ((s = same_device(ctx, x, out, what)) || (s = nbq_device_check(ctx, x, what, "input")) ||
+            (s = nbq_device_check(ctx, out, what, "output")))
+            return s;
+        return nbq_device_fake(ctx, x, p, what, out);
+    }
     nb_tensor *xc = NULL;
     if ((s = nbq_contiguous(ctx, x, &xc))) return s;
     nbq_plan plan;
@@ -483,8 +522,8 @@ done:
 
 nb_status nb_qtensor_dequantize_into(nb_ctx *ctx, const nb_qtensor *q, nb_tensor *out) {
     if (!q) return nb_fail(ctx, NB_ERR_INVALID, "dequantize: quantized tensor is NULL");
-    nb_status se = nbq_env_path_status(ctx);
-    if (se) return se;
+    nb_status s = nbq_env_path_status(ctx);
+    if (s) return s;
     const nb_qformat_traits *tr = nb_qformat_info(q->format);
     if (!out || out->ndim != q->ndim) return nb_fail(ctx, NB_ERR_SHAPE, "dequantize: output must have %d dims", q->ndim);
     for (int i = 0; i < q->ndim; i++)
@@ -496,10 +535,19 @@ nb_status nb_qtensor_dequantize_into(nb_ctx *ctx, const nb_qtensor *q, nb_tensor
                        nb_dtype_info(out->dtype)->name);
     if (!nb_tensor_is_contiguous(out) || !nb_buffer_writable(out->buf))
         return nb_fail(ctx, NB_ERR_INVALID, "dequantize: output must be contiguous and writable");
+    if (q->data->device >= 0 || out->device >= 0) {
+        if ((s = same_device(ctx, q->data, out, "dequantize")) || (s = same_device(ctx, q->data, q->scale, "dequantize")) ||
+            (s = nbq_device_check(ctx, out, "dequantize", "output")))
+            return s;
+        return nbq_device_dequantize(ctx, q, out);
+    }
     nbq_plan plan;
     memset(&plan, 0, sizeof plan);
     plan.fmt = q->format;
     plan.tr = tr;
+    if (!nb_qformat_rows(ctx, q->format))
+        return nb_fail(ctx, NB_ERR_INVALID, "dequantize: unknown or empty quantization format %d", (int)q->format);
+    plan.fn = *nb_qformat_rows(ctx, q->format);
     plan.n = q->shape[q->ndim - 1];
     plan.rows = plan.n ? nb_qtensor_numel(q) / plan.n : 0;
     row_job j = {.plan = &plan, .q = nb_tensor_data(q->data), .s = nb_tensor_data(q->scale), .y = nb_tensor_data(out),
@@ -519,7 +567,9 @@ nb_status nb_qtensor_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_dtype dt, n
     if (dt != NB_F32 && dt != NB_BF16 && dt != NB_F16)
         return nb_fail(ctx, NB_ERR_UNSUPPORTED, "dequantize: output dtype %s (f32, bf16 or f16 only)",
                        nb_dtype_info(dt) ? nb_dtype_info(dt)->name : "?");
-    nb_status s = nb_tensor_new(ctx, dt, q->ndim, q->shape, out);
+    /* on the quantized tensor's device */
+    nb_status s = q->data && q->data->device >= 0 ? nb_tensor_new_on(ctx, q->data->device, dt, q->ndim, q->shape, out)
+                                                  : nb_tensor_new(ctx, dt, q->ndim, q->shape, out);
     if (s) return s;
     if ((s = nb_qtensor_dequantize_into(ctx, q, *out))) {
         nb_tensor_release(*out);

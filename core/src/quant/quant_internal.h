@@ -30,7 +30,7 @@ int nbq_shape_str(const nb_tensor *t, int ndim, const int64_t *shape, char *buf,
  * or be flat (1-D, ModelOpt's own layout) with the right count. NB_ERR_SHAPE naming both shapes. */
 nb_status nbq_check_state_shape(nb_ctx *ctx, const nb_tensor *t, const nb_tensor *x, int64_t per_row, const char *attr,
                                 const char *what);
-/* NB_OK, or the error a bad NIBBLE_QUANT_PATH left at load time (fast_dispatch.c): every quantize
+/* NB_OK, or the error a bad NIBBLE_QUANT_PATH left at ctx's creation (fast_dispatch.c): every quantize
  * entry point returns it, so a mistyped path is never silently replaced by another. */
 nb_status nbq_env_path_status(nb_ctx *ctx);
 
@@ -54,6 +54,9 @@ float nbq_absmax(nb_ctx *ctx, const void *base, nb_dtype dt, int64_t n);
 /* The shape checks every entry point shares: float dtype, ndim >= 1, last dim divisible by the
  * format's block. `what` names the tensor in messages. */
 nb_status nbq_check_input(nb_ctx *ctx, const nb_tensor *x, nb_qformat f, const char *what);
+/* The same checks with x on any device (the entry points that dispatch CUDA tensors); nbq_check_input
+ * refuses device tensors (calibration and the quantizers' state run on the host). */
+nb_status nbq_check_input_any(nb_ctx *ctx, const nb_tensor *x, nb_qformat f, const char *what);
 /* A contiguous tensor with x's contents (x itself, retained, when already contiguous). */
 nb_status nbq_contiguous(nb_ctx *ctx, const nb_tensor *x, nb_tensor **out);
 
@@ -62,6 +65,7 @@ nb_status nbq_contiguous(nb_ctx *ctx, const nb_tensor *x, nb_tensor **out);
 typedef struct nbq_plan {
     nb_qformat fmt;
     const nb_qformat_traits *tr;
+    nb_qrow_fns fn;               /* the row functions the context runs for fmt */
     int64_t rows, n;              /* x viewed as [rows, n], n = last dim */
     nb_qrow_args base;            /* per-tensor args (scale, global_amax, mx_floor, div_dtype) */
     const float *block_amax;      /* NVFP4 static: [rows, n/16] (borrowed) */
@@ -81,5 +85,19 @@ nb_status nbq_check_finite_why(nb_ctx *ctx, const nb_tensor *x, const char *what
 nb_status nbq_fake_plan(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *x, nb_tensor *out);
 /* Fake-quantize x into a float buffer [rows*n] (no dtype rounding; calibration's view). */
 nb_status nbq_fake_plan_f32(nb_ctx *ctx, const nbq_plan *plan, const nb_tensor *x, float *out);
+
+/* --- CUDA device tensors (qdevice.c): the entry points dispatch on the tensor's device ---------- */
+struct nb_cuda_qargs;
+/* t (the `role`: "input", "output") may be used on its device: CUDA built, the device present, t
+ * contiguous. NB_ERR_DEVICE (NB_ERR_UNSUPPORTED for a strided tensor) naming `what` otherwise. */
+nb_status nbq_device_check(nb_ctx *ctx, const nb_tensor *t, const char *what, const char *role);
+/* The CPU plan of device tensor x (from a host copy) and the kernel arguments, staged on x's device
+ * (in the context's workspace: call under nbk_lock, held until the kernel has run). */
+nb_status nbq_device_plan(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nbq_plan *plan,
+                          struct nb_cuda_qargs *ca);
+/* Quantize x into q (both on x's device), fake-quantize x into out, dequantize q into out. */
+nb_status nbq_device_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nb_qtensor *q);
+nb_status nbq_device_fake(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nb_tensor *out);
+nb_status nbq_device_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_tensor *out);
 
 #endif
