@@ -488,51 +488,28 @@ end
 -- ---- distillation text sampled from the teacher ------------------------------------------------------
 
 -- sample_batch(model, prompt_ids, B, n_new, opts): B continuations of one prompt (a table of ids), decoded
--- together with one KV cache. opts: temperature (1), top_p (1), top_k (0), seed (0; row b uses seed + b),
+-- together by nb_model_generate. opts: temperature (1), top_p (1), top_k (0), seed (0; row b uses seed + b),
 -- stop (the ids that end a row; default the model's EOS ids). Returns B tables of new ids (stop id included).
 function Q.sample_batch(model, prompt, B, n_new, opts)
   opts = opts or {}
-  local p, c = model_ptr(model), ctx()
-  local cfg = C.nb_model_get_config(p)
-  local V, T0 = tonumber(cfg.vocab_size), #prompt
-  local kc = ffi.new("nb_kv_cache *[1]")
-  check(C.nb_kv_cache_new(c, p, B, T0 + n_new, kc))
-  local cache = ffi.gc(kc[0], C.nb_kv_cache_free)
+  local T0 = #prompt
   local toks = ffi.new("int32_t[?]", B * T0)
+  local lens = ffi.new("int64_t[?]", B)
   for b = 0, B - 1 do
+    lens[b] = T0
     for t = 1, T0 do toks[b * T0 + t - 1] = prompt[t] end
   end
-  local lg = ffi.new("float[?]", B * V)
-  local fo = ffi.new("nb_forward_opts")
-  fo.logits, fo.cache, fo.logits_start = lg, cache, T0 - 1
-  check(C.nb_model_forward(c, p, toks, B, T0, fo))
-  fo.logits_start = 0
-  local so = ffi.new("nb_sample_opts")
-  so.greedy = 0
-  so.temperature = opts.temperature or 1.0
-  so.top_p = opts.top_p or 1.0
-  so.top_k = opts.top_k or 0
-  local stop = {}
-  if opts.stop then for _, e in ipairs(opts.stop) do stop[e] = true end
-  else for i = 0, cfg.n_eos - 1 do stop[cfg.eos_token_ids[i]] = true end end
-  local rngs, outs, done, left = {}, {}, {}, B
-  for b = 1, B do
-    rngs[b] = ffi.new("nb_rng")
-    C.nb_rng_seed(rngs[b], (opts.seed or 0) + b)
-    outs[b] = {}
-  end
-  local nxt = ffi.new("int32_t[?]", B)
-  for step = 1, n_new do
-    for b = 1, B do
-      local t = C.nb_sample_logits(lg + (b - 1) * V, V, so, rngs[b])
-      nxt[b - 1] = t
-      if not done[b] then
-        outs[b][#outs[b] + 1] = t
-        if stop[t] then done[b] = true; left = left - 1 end
-      end
-    end
-    if left == 0 or step == n_new then break end
-    check(C.nb_model_forward(c, p, nxt, B, 1, fo))
+  -- rows count from 1 here and from 0 in C: row b's stream is seeded seed + b either way
+  local go, stop_arr = nibble.model.generate_opts { temperature = opts.temperature or 1.0, top_p = opts.top_p,
+    top_k = opts.top_k, seed = (opts.seed or 0) + 1, stop_at_eos = opts.stop == nil, stop_ids = opts.stop }
+  local out, nout = ffi.new("int32_t[?]", B * math.max(n_new, 1)), ffi.new("int64_t[?]", B)
+  check(C.nb_model_generate(ctx(), model_ptr(model), toks, lens, B, n_new, go, out, nout))
+  local _ = stop_arr
+  local outs = {}
+  for b = 0, B - 1 do
+    local row = {}
+    for k = 0, tonumber(nout[b]) - 1 do row[k + 1] = out[b * n_new + k] end
+    outs[b + 1] = row
   end
   return outs
 end
