@@ -385,6 +385,19 @@ describe("teacher samples", function()
     assert.are.equal("assistant", lines[1].messages[2].role)
     local ds = nibble.data.load(out, { tokenizer = m:tokenizer() })
     assert.is_true(ds:n_masked() > 0 and ds:n_masked() < ds:n_tokens())
+    -- both prompts (of different lengths) decoded together write what one prompt per decode writes, and
+    -- prompt i's answers are sample_batch's rows seeded seed * 1000003 + i * 1009 + b
+    local function slurp(p) local f = assert(io.open(p, "rb")); local d = f:read("*a"); f:close(); return d end
+    local out1 = tmp .. "/samples-rows3.jsonl"
+    qad.teacher_samples { model = m, prompts = { "Once upon a time", "The cat" }, samples = 3, tokens = 20, seed = 2,
+                          rows = 3, out = out1 }
+    assert.are.equal(slurp(out), slurp(out1))
+    local tok = m:tokenizer()
+    local ids = tok:encode("User: The cat\nAssistant:", { special = true })
+    local alone = qad.sample_batch(m, ids, 3, 20, { temperature = 1, top_k = 50, seed = 2 * 1000003 + 2 * 1009 })
+    for b = 1, 3 do
+      assert.are.equal(tok:decode(alone[b], { skip_special = true }), lines[3 + b].messages[2].content)
+    end
   end)
 end)
 
