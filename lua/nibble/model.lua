@@ -412,15 +412,24 @@ function Model:tokenizer()
   return t
 end
 
-local function sample_opts(o)
-  local so = ffi.new("nb_sample_opts")
-  so.greedy = (o.greedy or not o.temperature or o.temperature <= 0) and 1 or 0
-  so.temperature = o.temperature or 0
-  so.top_k = o.top_k or 0
-  so.top_p = o.top_p or 1
-  so.seed = o.seed or 0
-  so.stop_at_eos = o.stop == false and 0 or 1
-  return so
+-- nb_generate_opts from generate{} / qad.sample_batch options (greedy unless temperature > 0); keeps the
+-- stop array alive in the returned table's second value
+function M.generate_opts(o)
+  local go = ffi.new("nb_generate_opts")
+  go.sample.greedy = (o.greedy or not o.temperature or o.temperature <= 0) and 1 or 0
+  go.sample.temperature = o.temperature or 0
+  go.sample.top_k = o.top_k or 0
+  go.sample.top_p = o.top_p or 1
+  go.seed = o.seed or 0
+  go.stop_at_eos = o.stop_at_eos == false and 0 or 1
+  local stop = o.stop_ids
+  if stop and #stop > 0 then
+    local arr = ffi.new("int32_t[?]", #stop)
+    for k, id in ipairs(stop) do arr[k - 1] = id end
+    go.stop, go.n_stop = arr, #stop
+    return go, arr
+  end
+  return go
 end
 
 -- generate{prompt = text or {ids}, n = 128, greedy = true | temperature =, top_k =, top_p =, seed =,
@@ -429,10 +438,10 @@ end
 -- generate{messages = { {role=, content=}, ... }, ...} answers a conversation instead: the prompt is the
 -- model's chat template with the assistant's header (tokenizer:encode_chat), and generation also stops at
 -- the template's end-of-turn tokens (<|im_end|>, <|eot_id|>, <end_of_turn>).
+-- The decoding is nb_model_generate's (one row); on_text streams from its per-token callback.
 function Model:generate(o)
   o = o or {}
   local p, ctx = ptr(self), nibble.context()
-  local V = self.config.vocab_size
   local prompt = o.prompt
   local tok
   local function tk() tok = tok or self:tokenizer(); return tok end
@@ -451,24 +460,19 @@ function Model:generate(o)
   end
   local ids, _, np, keep = tokens_arg(prompt)
   local n = o.n or 128
-  local kc = ffi.new("nb_kv_cache *[1]")
-  check(C.nb_kv_cache_new(ctx, p, 1, np + n, kc))
-  local cache = ffi.gc(kc[0], C.nb_kv_cache_free)
-  local lg = ffi.new("float[?]", V)
-  local fo = ffi.new("nb_forward_opts")
-  fo.logits, fo.cache, fo.logits_start = lg, cache, np - 1
-  check(C.nb_model_forward(ctx, p, ids, 1, np, fo))
-  fo.logits_start = 0
-  local so = sample_opts(o)
-  local rng = ffi.new("nb_rng")
-  C.nb_rng_seed(rng, so.seed)
-  local out = {}
-  local one = ffi.new("int32_t[1]")
-  local eos = {}
-  for _, e in ipairs(self.config.eos) do eos[e] = true end
+  -- a chat answer also ends at the template's end-of-turn tokens: every id the tokenizer calls EOG
+  local eog
+  if stop_eog and o.stop ~= false then
+    eog = {}
+    for id = 0, tk().vocab_size - 1 do
+      if tk():is_eog(id) then eog[#eog + 1] = id end
+    end
+  end
+  local go, stop_arr = M.generate_opts { greedy = o.greedy, temperature = o.temperature, top_k = o.top_k,
+    top_p = o.top_p, seed = o.seed, stop_at_eos = o.stop ~= false, stop_ids = eog }
   -- new text = decode(prompt .. new ids) minus decode(prompt): decoding the new ids alone would
   -- lose the space SentencePiece folds into a word's first piece
-  local all = {}
+  local all, out = {}, {}
   for k = 0, np - 1 do all[k + 1] = ids[k] end
   local base, printed
   local function new_text()
@@ -477,28 +481,40 @@ function Model:generate(o)
     if full:sub(1, #base) == base then return full:sub(#base + 1) end
     return d:decode(out, { skip_special = true })
   end
+  local cb, cb_err
   if o.on_text then
     base = tk():decode(all, { skip_special = true })
     printed = ""
+    -- an error in on_text must not unwind through C: it stops the decoding, and is raised below
+    cb = ffi.cast("nb_token_fn", function(c, _, _, t)
+      local okc, e = pcall(function()
+        out[#out + 1] = t
+        all[#all + 1] = t
+        local text = new_text()
+        if #text > #printed and text:sub(1, #printed) == printed then
+          o.on_text(text:sub(#printed + 1))
+          printed = text
+        end
+      end)
+      if okc then return 0 end
+      cb_err = e
+      return C.nb_fail(c, C.NB_ERR_INVALID, "%s", "generate: on_text failed")
+    end)
+    go.on_token = cb
   end
-  for i = 1, n do
-    local t = C.nb_sample_logits(lg, V, so, rng)
-    out[i] = t
-    all[#all + 1] = t
-    if o.on_text then
-      local text = new_text()
-      if #text > #printed and text:sub(1, #printed) == printed then
-        o.on_text(text:sub(#printed + 1))
-        printed = text
-      end
-    end
-    if so.stop_at_eos ~= 0 and (eos[t] or (stop_eog and tk():is_eog(t))) then break end
-    if i < n then
-      one[0] = t
-      check(C.nb_model_forward(ctx, p, one, 1, 1, fo))
+  local lens = ffi.new("int64_t[1]", np)
+  local buf, nout = ffi.new("int32_t[?]", math.max(n, 1)), ffi.new("int64_t[1]")
+  local st = C.nb_model_generate(ctx, p, ids, lens, 1, n, go, buf, nout)
+  if cb then cb:free() end
+  if cb_err ~= nil then error(cb_err, 0) end
+  check(st)
+  local _ = keep, stop_arr
+  if not cb then
+    for k = 0, tonumber(nout[0]) - 1 do
+      out[k + 1] = buf[k]
+      all[np + k + 1] = buf[k]
     end
   end
-  local _ = keep
   local text
   if o.text ~= false and (type(o.prompt) == "string" or rawget(self, "_tok") or self.path ~= "") then
     local ok, s = pcall(function()

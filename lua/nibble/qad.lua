@@ -290,61 +290,53 @@ end
 
 -- ---- distillation text sampled from the teacher ------------------------------------------------------
 
--- sample_batch(model, prompt_ids, B, n_new, opts): B continuations of one prompt (a table of ids), decoded
--- together with one KV cache. opts: temperature (1), top_p (1), top_k (0), seed (0; row b uses seed + b),
--- stop (the ids that end a row; default the model's EOS ids). Returns B tables of new ids (stop id included).
-function Q.sample_batch(model, prompt, B, n_new, opts)
-  opts = opts or {}
-  local p, c = model_ptr(model), ctx()
-  local cfg = C.nb_model_get_config(p)
-  local V, T0 = tonumber(cfg.vocab_size), #prompt
-  local kc = ffi.new("nb_kv_cache *[1]")
-  check(C.nb_kv_cache_new(c, p, B, T0 + n_new, kc))
-  local cache = ffi.gc(kc[0], C.nb_kv_cache_free)
-  local toks = ffi.new("int32_t[?]", B * T0)
+-- generate_rows(model, prompts, seeds, n_new, opts): one continuation per row, row k continuing prompts[k] (a
+-- table of ids) from the stream seeds[k], all rows decoded together by nb_model_generate. opts: temperature (1),
+-- top_p (1), top_k (0), stop (the ids that end a row; default the model's EOS ids). Returns a table of new ids
+-- per row (stop id included).
+local function generate_rows(model, prompts, seeds, n_new, opts)
+  local B, total = #prompts, 0
+  for _, pr in ipairs(prompts) do total = total + #pr end
+  local toks, lens = ffi.new("int32_t[?]", total), ffi.new("int64_t[?]", B)
+  local sd = ffi.new("uint64_t[?]", B)
+  local at = 0
+  for k, pr in ipairs(prompts) do
+    lens[k - 1], sd[k - 1] = #pr, seeds[k]
+    for t = 1, #pr do toks[at + t - 1] = pr[t] end
+    at = at + #pr
+  end
+  local go, stop_arr = nibble.model.generate_opts { temperature = opts.temperature or 1.0, top_p = opts.top_p,
+    top_k = opts.top_k, stop_at_eos = opts.stop == nil, stop_ids = opts.stop }
+  go.seeds = sd
+  local out, nout = ffi.new("int32_t[?]", B * math.max(n_new, 1)), ffi.new("int64_t[?]", B)
+  check(C.nb_model_generate(ctx(), model_ptr(model), toks, lens, B, n_new, go, out, nout))
+  local _ = stop_arr
+  local outs = {}
   for b = 0, B - 1 do
-    for t = 1, T0 do toks[b * T0 + t - 1] = prompt[t] end
-  end
-  local lg = ffi.new("float[?]", B * V)
-  local fo = ffi.new("nb_forward_opts")
-  fo.logits, fo.cache, fo.logits_start = lg, cache, T0 - 1
-  check(C.nb_model_forward(c, p, toks, B, T0, fo))
-  fo.logits_start = 0
-  local so = ffi.new("nb_sample_opts")
-  so.greedy = 0
-  so.temperature = opts.temperature or 1.0
-  so.top_p = opts.top_p or 1.0
-  so.top_k = opts.top_k or 0
-  local stop = {}
-  if opts.stop then for _, e in ipairs(opts.stop) do stop[e] = true end
-  else for i = 0, cfg.n_eos - 1 do stop[cfg.eos_token_ids[i]] = true end end
-  local rngs, outs, done, left = {}, {}, {}, B
-  for b = 1, B do
-    rngs[b] = ffi.new("nb_rng")
-    C.nb_rng_seed(rngs[b], (opts.seed or 0) + b)
-    outs[b] = {}
-  end
-  local nxt = ffi.new("int32_t[?]", B)
-  for step = 1, n_new do
-    for b = 1, B do
-      local t = C.nb_sample_logits(lg + (b - 1) * V, V, so, rngs[b])
-      nxt[b - 1] = t
-      if not done[b] then
-        outs[b][#outs[b] + 1] = t
-        if stop[t] then done[b] = true; left = left - 1 end
-      end
-    end
-    if left == 0 or step == n_new then break end
-    check(C.nb_model_forward(c, p, nxt, B, 1, fo))
+    local row = {}
+    for k = 0, tonumber(nout[b]) - 1 do row[k + 1] = out[b * n_new + k] end
+    outs[b + 1] = row
   end
   return outs
 end
 
+-- sample_batch(model, prompt_ids, B, n_new, opts): B continuations of one prompt (a table of ids), decoded
+-- together by nb_model_generate. opts: temperature (1), top_p (1), top_k (0), seed (0; row b uses seed + b),
+-- stop (the ids that end a row; default the model's EOS ids). Returns B tables of new ids (stop id included).
+function Q.sample_batch(model, prompt, B, n_new, opts)
+  opts = opts or {}
+  local prompts, seeds = {}, {}
+  for b = 1, B do prompts[b], seeds[b] = prompt, (opts.seed or 0) + b end
+  return generate_rows(model, prompts, seeds, n_new, opts)
+end
+
 -- teacher_samples{model, tokenizer, prompts, samples = 8, tokens = 128, temperature = 1, top_k = 50, top_p = 1,
--- seed = 0, out = FILE.jsonl, progress = function(done, total, tokens)}: for every prompt, `samples` answers of
--- the model to it as a user turn (ChatML when the tokenizer has <|im_start|>, else "User: ...\nAssistant:"),
+-- seed = 0, rows = 32, out = FILE.jsonl, progress = function(done, total, tokens)}: for every prompt, `samples`
+-- answers of the model to it as a user turn (ChatML when the tokenizer has <|im_start|>, else "User: ...\nAssistant:"),
 -- written as {"messages": [{user}, {assistant}]} lines to out (atomically). QAD distils well on its own
--- teacher's text, so this needs no dataset. Returns out and the number of generated tokens.
+-- teacher's text, so this needs no dataset. Returns out and the number of generated tokens. The answers of
+-- several prompts decode together, up to `rows` rows at a time (whole prompts; at least one): answer b of
+-- prompt i draws from its own stream (seed * 1000003 + i * 1009 + b), so `rows` changes the speed, not the text.
 function Q.teacher_samples(o)
   local tok = o.tokenizer or o.model:tokenizer()
   local chatml = pcall(function()
@@ -352,26 +344,39 @@ function Q.teacher_samples(o)
     assert(#a == 1 and #b == 1)
   end)
   local n_samples, n_tok = o.samples or 8, o.tokens or 128
+  local per = math.max(1, math.floor((o.rows or 32) / n_samples))   -- prompts per decode
   local lines, generated = {}, 0
   local stop
   if chatml then stop = tok:encode("<|im_end|>", { special = true, bos = false }) end
-  for i, prompt in ipairs(o.prompts) do
-    local text = chatml and ("<|im_start|>user\n" .. prompt .. "<|im_end|>\n<|im_start|>assistant\n")
-                 or ("User: " .. prompt .. "\nAssistant:")
-    local ids = tok:encode(text, { special = true })
-    local outs = Q.sample_batch(o.model, ids, n_samples, n_tok, { temperature = o.temperature or 1.0,
-      top_k = o.top_k or 50, top_p = o.top_p or 1.0, seed = (o.seed or 0) * 1000003 + i * 1009, stop = stop })
-    for _, out in ipairs(outs) do
-      generated = generated + #out
-      local body = {}
-      for k = 1, #out do
-        if not (stop and out[k] == stop[1]) then body[#body + 1] = out[k] end
+  local opts = { temperature = o.temperature or 1.0, top_k = o.top_k or 50, top_p = o.top_p or 1.0, stop = stop }
+  for i0 = 1, #o.prompts, per do
+    local i1 = math.min(#o.prompts, i0 + per - 1)
+    local rows, seeds = {}, {}
+    for i = i0, i1 do
+      local prompt = o.prompts[i]
+      local text = chatml and ("<|im_start|>user\n" .. prompt .. "<|im_end|>\n<|im_start|>assistant\n")
+                   or ("User: " .. prompt .. "\nAssistant:")
+      local ids = tok:encode(text, { special = true })
+      for b = 1, n_samples do
+        rows[#rows + 1] = ids
+        seeds[#seeds + 1] = (o.seed or 0) * 1000003 + i * 1009 + b
       end
-      local answer = tok:decode(body, { skip_special = true })
-      lines[#lines + 1] = nibble.json.encode { messages = { { role = "user", content = prompt },
-                                                            { role = "assistant", content = answer } } }
     end
-    if o.progress then o.progress(i, #o.prompts, generated) end
+    local outs = generate_rows(o.model, rows, seeds, n_tok, opts)
+    for i = i0, i1 do
+      for b = 1, n_samples do
+        local out = outs[(i - i0) * n_samples + b]
+        generated = generated + #out
+        local body = {}
+        for k = 1, #out do
+          if not (stop and out[k] == stop[1]) then body[#body + 1] = out[k] end
+        end
+        local answer = tok:decode(body, { skip_special = true })
+        lines[#lines + 1] = nibble.json.encode { messages = { { role = "user", content = o.prompts[i] },
+                                                              { role = "assistant", content = answer } } }
+      end
+      if o.progress then o.progress(i, #o.prompts, generated) end
+    end
   end
   local tmp = o.out .. ".part"
   local f = io.open(tmp, "wb")

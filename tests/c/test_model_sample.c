@@ -1,9 +1,19 @@
 /* Token sampling (nb_sample_logits) and nb_model_generate's stopping rules: greedy picks the
  * lowest id among ties, temperature sampling follows softmax(logits / T) (frequencies over many
- * draws), top-k and top-p cut the candidates, a seed makes it reproducible, EOS stops generation. */
+ * draws), top-k and top-p cut the candidates, a seed makes it reproducible, EOS stops generation,
+ * and a batch of prompts of different lengths generates what each prompt generates alone. */
 #include <stdlib.h>
 
 #include "nbtest.h"
+
+typedef struct { int n; int64_t row[5 * 24]; int32_t tok[5 * 24]; int fail_at; } seen_tokens;
+
+static nb_status seen_token(nb_ctx *ctx, void *user, int64_t row, int32_t token) {
+    seen_tokens *s = user;
+    s->row[s->n] = row;
+    s->tok[s->n++] = token;
+    return s->n - 1 == s->fail_at ? nb_fail(ctx, NB_ERR_INTERRUPTED, "stop here") : NB_OK;
+}
 
 int main(void) {
     nb_rng rng;
@@ -106,38 +116,117 @@ int main(void) {
     CHECK_OK(ctx, nb_model_new(ctx, &c, &m));
     CHECK_OK(ctx, nb_model_init_random(ctx, m, 5, 0.5));
     int32_t prompt[2] = {1, 4}, a[50], b[50];
-    int64_t na = 0, nb = 0;
-    nb_sample_opts so = {0};
-    so.temperature = 1.0f;
-    so.top_p = 1.0f;
+    int64_t len2 = 2, na = 0, nb = 0;
+    nb_generate_opts so = {0};
+    so.sample.temperature = 1.0f;
+    so.sample.top_p = 1.0f;
     so.seed = 77;
-    CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, 2, 50, &so, a, &na));
-    CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, 2, 50, &so, b, &nb));
+    CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, &len2, 1, 50, &so, a, &na));
+    CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, &len2, 1, 50, &so, b, &nb));
     CHECK_EQ_INT(na, 50);
     CHECK_EQ_INT(nb, 50);
     CHECK(!memcmp(a, b, sizeof a));
     /* generate == greedy argmax of a full forward at every step */
-    nb_sample_opts gr = {0};
-    gr.greedy = 1;
-    CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, 2, 10, &gr, a, &na));
+    nb_generate_opts gr = {0};
+    gr.sample.greedy = 1;
+    CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, &len2, 1, 10, &gr, a, &na));
+    CHECK_EQ_INT(na, 10);
     int32_t seq[12] = {1, 4};
     float lg[12 * 8];
     for (int t = 0; t < 10; t++) {
         CHECK_OK(ctx, nb_model_logits(ctx, m, seq, 1, 2 + t, lg));
-        seq[2 + t] = nb_sample_logits(lg + (1 + t) * 8, 8, &gr, NULL);
+        seq[2 + t] = nb_sample_logits(lg + (1 + t) * 8, 8, &gr.sample, NULL);
         CHECK_EQ_INT(a[t], seq[2 + t]);
     }
+    /* opts NULL: greedy, stopping at EOS */
+    CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, &len2, 1, 10, NULL, b, &nb));
+    CHECK(nb >= 1 && nb <= 10);
+    CHECK(!memcmp(a, b, sizeof(int32_t) * (size_t)nb));
     /* stop at EOS (id 2) when asked: the output ends with the first EOS */
     so.stop_at_eos = 1;
     int stopped = 0;
     for (uint64_t seed = 1; seed < 40 && !stopped; seed++) {
         so.seed = seed;
-        CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, 2, 50, &so, a, &na));
+        CHECK_OK(ctx, nb_model_generate(ctx, m, prompt, &len2, 1, 50, &so, a, &na));
         for (int64_t i = 0; i < na - 1; i++) CHECK(a[i] != 2);
         if (na < 50) { CHECK_EQ_INT(a[na - 1], 2); stopped = 1; }
     }
     CHECK(stopped);
-    CHECK_FAIL(ctx, nb_model_generate(ctx, m, prompt, 0, 5, &so, a, &na), NB_ERR_INVALID, "at least one token");
+    int64_t len0 = 0;
+    CHECK_FAIL(ctx, nb_model_generate(ctx, m, prompt, &len0, 1, 5, &so, a, &na), NB_ERR_INVALID,
+               "prompt of row 0 needs at least one token");
+    CHECK_FAIL(ctx, nb_model_generate(ctx, m, prompt, &len2, 0, 5, &so, a, &na), NB_ERR_INVALID, "B must be at least 1");
+    nb_model_free(m);
+
+    /* a batch of prompts of different lengths decodes as each prompt alone: greedy, sampled (each row
+     * its own stream, seed + row or seeds[row]), top-k / top-p, rows stopping at EOS or at a stop id
+     * at different steps (they leave the batch) */
+    c.vocab_size = 48;
+    c.n_layers = 2;
+    CHECK_OK(ctx, nb_model_new(ctx, &c, &m));
+    CHECK_OK(ctx, nb_model_init_random(ctx, m, 11, 0.3));
+    enum { R = 5, N = 24 };
+    int32_t prompts[] = {1, 7, 9, 30, 3, 1, 5, 1, 2, 3, 4, 5, 6, 40, 11, 17, 6};
+    int64_t lens[R] = {3, 1, 2, 8, 3};
+    int32_t stop_ids[2] = {13, 21};
+    for (int variant = 0; variant < 5; variant++) {
+        nb_generate_opts o = {0};
+        o.sample.temperature = variant == 0 ? 0.0f : 1.2f;
+        o.sample.top_k = variant == 2 ? 5 : 0;
+        o.sample.top_p = variant == 3 ? 0.7f : 1.0f;
+        o.seed = 1000 + (uint64_t)variant;
+        uint64_t seeds[R] = {5, 4, 3, 2, 1};
+        if (variant == 4) {
+            o.seeds = seeds;
+            o.stop_at_eos = 1;
+            o.stop = stop_ids;
+            o.n_stop = 2;
+        }
+        int32_t batch_out[R * N], one[N];
+        int64_t batch_n[R], one_n;
+        CHECK_OK(ctx, nb_model_generate(ctx, m, prompts, lens, R, N, &o, batch_out, batch_n));
+        int64_t off = 0, shortest = N;
+        for (int r = 0; r < R; r++) {
+            nb_generate_opts o1 = o;
+            o1.seed = o.seed + (uint64_t)r;
+            o1.seeds = variant == 4 ? &seeds[r] : NULL;
+            CHECK_OK(ctx, nb_model_generate(ctx, m, prompts + off, &lens[r], 1, N, &o1, one, &one_n));
+            CHECK_MSG(one_n == batch_n[r] && !memcmp(one, batch_out + r * N, sizeof(int32_t) * (size_t)one_n),
+                      "variant %d row %d: batched differs from alone", variant, r);
+            shortest = one_n < shortest ? one_n : shortest;
+            off += lens[r];
+        }
+        if (variant == 4) CHECK_MSG(shortest < N, "no row stopped early");   /* the batch shrank */
+        if (variant == 1) CHECK(memcmp(batch_out, batch_out + N, sizeof(int32_t) * N) != 0);
+    }
+
+    /* on_token sees every emitted token, rows in order within a step; an error from it stops generation */
+    {
+        seen_tokens seen = {0};
+        seen.fail_at = -1;
+        nb_generate_opts o = {0};
+        o.sample.greedy = 1;
+        o.on_token = seen_token;
+        o.user = &seen;
+        int32_t got[R * N];
+        int64_t got_n[R];
+        CHECK_OK(ctx, nb_model_generate(ctx, m, prompts, lens, R, 4, &o, got, got_n));
+        CHECK_EQ_INT(seen.n, R * 4);
+        /* rows 1 (1 token) and 2 (2 tokens) start before row 0 and 4 (3), row 3 (8) last */
+        CHECK_EQ_INT(seen.row[0], 1);
+        CHECK_EQ_INT(seen.row[1], 1);
+        CHECK_EQ_INT(seen.row[2], 2);
+        CHECK_EQ_INT(seen.row[R * 4 - 1], 3);
+        int per_row[R] = {0};
+        for (int i = 0; i < seen.n; i++) {
+            int64_t r = seen.row[i];
+            CHECK_EQ_INT(seen.tok[i], got[r * 4 + per_row[r]++]);
+        }
+        seen.n = 0;
+        seen.fail_at = 3;
+        CHECK_FAIL(ctx, nb_model_generate(ctx, m, prompts, lens, R, 4, &o, got, got_n), NB_ERR_INTERRUPTED, "stop here");
+        CHECK_EQ_INT(seen.n, 4);
+    }
     nb_model_free(m);
     nb_ctx_release(ctx);
     return nbt_done("test_model_sample");

@@ -147,12 +147,13 @@ int main(void) {
     CHECK_EQ_INT(n_greedy, 201);
     int32_t out[200];
     int64_t n_out = 0;
-    nb_sample_opts so = {0};
-    so.greedy = 1;
+    nb_generate_opts so = {0};
+    so.sample.greedy = 1;
     int32_t bos = 1;
+    int64_t one = 1;
     for (int k = 0; k < 2; k++) {
         nb_model *m = k ? mg : mh;
-        CHECK_OK(ctx, nb_model_generate(ctx, m, &bos, 1, 200, &so, out, &n_out));
+        CHECK_OK(ctx, nb_model_generate(ctx, m, &bos, &one, 1, 200, &so, out, &n_out));
         CHECK_EQ_INT(n_out, 200);
         int first_diff = -1;
         for (int i = 0; i < 200 && first_diff < 0; i++)

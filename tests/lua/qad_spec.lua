@@ -328,6 +328,46 @@ describe("teacher samples", function()
     assert.are.same({ ids[1], ids[2], ids[3] }, stopped[1])
   end)
 
+  -- The expected ids were drawn by the Lua decode loops that nb_model_generate replaced (same seeds, one
+  -- nb_rng stream per row, the same nb_sample_logits): the C loop draws exactly the same tokens.
+  it("sample_batch and generate draw on stories260K the tokens the Lua decode loops drew", function()
+    if not need(stories) then return end
+    local m = nibble.model.load(stories)
+    local prompt = { 1, 403, 407, 261 }
+    local outs = qad.sample_batch(m, prompt, 3, 24, { temperature = 1, top_k = 50, seed = 3 })
+    assert.are.same({
+      { 378, 432, 383, 286, 261, 370, 280, 415, 412, 315, 426, 392, 303, 422, 268, 414, 422, 395, 326, 263, 377, 267, 265, 282 },
+      { 378, 432, 383, 286, 261, 298, 315, 421, 395, 317, 322, 261, 370, 298, 276, 302, 278, 380, 422, 263, 415, 414, 401, 396 },
+      { 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 272, 411, 411, 421, 348, 425, 423, 343 },
+    }, outs)
+    -- rows that stop (at 401, both on their 14th token) leave the batch
+    assert.are.same({
+      { 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401 },
+      { 378, 432, 383, 286, 261, 376, 268, 414, 422, 395, 326, 426, 326, 401 },
+    }, qad.sample_batch(m, prompt, 2, 24, { temperature = 0.9, top_p = 0.9, seed = 8, stop = { 401 } }))
+    local text, ids = m:generate { prompt = "Once upon a time", n = 30, temperature = 0.8, top_k = 40, top_p = 0.95, seed = 7 }
+    assert.are.same({ 432, 383, 286, 261, 272, 414, 444, 395, 410, 454, 412, 340, 426, 346, 286, 399, 344, 444, 429, 275,
+                      266, 329, 429, 412, 425, 372, 281, 286, 399, 344 }, ids)
+    assert.are.equal(", there was a fox named Jack. He was very excited because he was very e", text)
+    -- streamed pieces add up to the text
+    local pieces = {}
+    local t3 = m:generate { prompt = "Tom", n = 25, temperature = 1, seed = 4, on_text = function(p) pieces[#pieces + 1] = p end }
+    assert.are.equal(" and Ducky were trouble kids in the nast tree.", t3)
+    assert.are.equal(t3, table.concat(pieces))
+    -- row b of a batch seeded s is what generate seeded s + b draws alone
+    for b = 1, 3 do
+      local _, alone = m:generate { prompt = prompt, n = 24, temperature = 1, top_k = 50, seed = 3 + b, text = false }
+      assert.are.same(outs[b], alone)
+    end
+    -- an error in on_text stops the decoding and comes back as raised
+    local calls = 0
+    local ok, e = pcall(m.generate, m, { prompt = "Tom", n = 25, greedy = true,
+                                         on_text = function() calls = calls + 1; if calls == 3 then error("enough", 0) end end })
+    assert.is_false(ok)
+    assert.are.equal("enough", e)
+    assert.are.equal(3, calls)
+  end)
+
   it("teacher_samples writes chat records whose answers are the loss tokens", function()
     if not need(stories) then return end
     local m = nibble.model.load(stories)
@@ -345,6 +385,19 @@ describe("teacher samples", function()
     assert.are.equal("assistant", lines[1].messages[2].role)
     local ds = nibble.data.load(out, { tokenizer = m:tokenizer() })
     assert.is_true(ds:n_masked() > 0 and ds:n_masked() < ds:n_tokens())
+    -- both prompts (of different lengths) decoded together write what one prompt per decode writes, and
+    -- prompt i's answers are sample_batch's rows seeded seed * 1000003 + i * 1009 + b
+    local function slurp(p) local f = assert(io.open(p, "rb")); local d = f:read("*a"); f:close(); return d end
+    local out1 = tmp .. "/samples-rows3.jsonl"
+    qad.teacher_samples { model = m, prompts = { "Once upon a time", "The cat" }, samples = 3, tokens = 20, seed = 2,
+                          rows = 3, out = out1 }
+    assert.are.equal(slurp(out), slurp(out1))
+    local tok = m:tokenizer()
+    local ids = tok:encode("User: The cat\nAssistant:", { special = true })
+    local alone = qad.sample_batch(m, ids, 3, 20, { temperature = 1, top_k = 50, seed = 2 * 1000003 + 2 * 1009 })
+    for b = 1, 3 do
+      assert.are.equal(tok:decode(alone[b], { skip_special = true }), lines[3 + b].messages[2].content)
+    end
   end)
 end)
 

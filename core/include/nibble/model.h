@@ -1,7 +1,7 @@
 /* Llama-family causal language models on the CPU: loading (Hugging Face directories and GGUF files),
  * a tree of named modules with HF names, float32 master parameters with matching gradients, batched
  * forward and backward (recomputed per layer so activation memory stays bounded), linear-layer
- * quantization hooks, perplexity / KL evaluation and generation.
+ * quantization hooks, a KV cache for decoding (nibble/generate.h) and perplexity / KL evaluation.
  * Architectures: llama (Llama 2/3/3.x, TinyLlama, SmolLM, llama2.c), mistral, qwen2, qwen3. */
 #ifndef NIBBLE_MODEL_H
 #define NIBBLE_MODEL_H
@@ -258,20 +258,7 @@ void nb_kv_cache_free(nb_kv_cache *c);
 int64_t nb_kv_cache_len(const nb_kv_cache *c);
 void nb_kv_cache_reset(nb_kv_cache *c);
 
-typedef struct nb_sample_opts {
-    int32_t greedy;             /* argmax (ties: the lowest id) */
-    float temperature;          /* > 0 when sampling */
-    int32_t top_k;              /* 0 = off */
-    float top_p;                /* 1 = off */
-    uint64_t seed;
-    int32_t stop_at_eos;        /* stop after emitting one of the config's EOS ids */
-} nb_sample_opts;
-
-/* Generate up to n_new tokens after the prompt (n_prompt >= 1) into out; *n_out gets the count. */
-nb_status nb_model_generate(nb_ctx *ctx, nb_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
-                            const nb_sample_opts *opts, int32_t *out, int64_t *n_out);
-/* Pick the next token from one row of logits (used by nb_model_generate and the Lua loop). */
-int32_t nb_sample_logits(const float *logits, int64_t vocab, const nb_sample_opts *opts, nb_rng *rng);
+/* Sampling and generation (nb_model_generate): nibble/generate.h. */
 
 /* --- evaluation -------------------------------------------------------------------------------- */
 

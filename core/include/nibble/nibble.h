@@ -17,6 +17,7 @@
 #include "nibble/ops.h"
 #include "nibble/blas.h"
 #include "nibble/model.h"
+#include "nibble/generate.h"
 #include "nibble/quant.h"
 #include "nibble/quant_fast.h"
 #include "nibble/quant_cuda.h"

@@ -255,11 +255,261 @@ typedef struct job {
     int32_t *tk_i;
 } job;
 
-/* One row: returns kd_n (without the T² factor) and ce_n; writes the gradient if asked. */
+/* ---- one row, per loss ------------------------------------------------------------------------- */
+
+/* What the per-loss functions of one row share: the student row x (copied: the gradient may alias it),
+ * its softmax P at temperature T and log-normalizer lsez, and the scratch the losses write into: gz
+ * (d kd_n / d z, z = x / T), qf (the full teacher's softmax), P1 (the softmax at T = 1) and the top-k
+ * buckets' log p, log q and dL/dlog p. */
+typedef struct row_ctx {
+    job *J;
+    int64_t r;
+    double invT, lsez;
+    double *x, *P, *gz, *qf, *P1, *blp, *blq, *bc;
+    float *tkv;
+    int32_t *tki;
+    int bad_index;   /* set by a top-k loss given an index outside the vocabulary */
+} row_ctx;
+
+/* The student at temperature T (max(x·c) = max(x)·c for c > 0: rounding is monotonic). */
+static void student_softmax(row_ctx *R, double xmax) {
+    const int64_t V = R->J->V;
+    const double mz = xmax * R->invT;
+    double sz = 0.0;
+    for (int64_t v = 0; v < V; v++) { R->P[v] = exp(R->x[v] * R->invT - mz); sz += R->P[v]; }
+    R->lsez = mz + log(sz);
+    for (int64_t v = 0; v < V; v++) R->P[v] /= sz;
+}
+
+/* Cross-entropy at T = 1 (whenever a label is there: logged even when lm_loss is off); with lm_grad, P1
+ * becomes the softmax the LM gradient needs. */
+static double ce_row(row_ctx *R, int64_t label, double xmax, int lm_grad) {
+    const nb_distill_cfg *cfg = R->J->cfg;
+    const int64_t V = R->J->V;
+    double lse1;
+    if (cfg->kd != NB_KD_NONE && cfg->temperature == 1.0) {
+        lse1 = R->lsez;
+        R->P1 = R->P;
+    } else {
+        double s1 = 0.0;
+        for (int64_t v = 0; v < V; v++) { R->P1[v] = exp(R->x[v] - xmax); s1 += R->P1[v]; }
+        lse1 = xmax + log(s1);
+        if (lm_grad) for (int64_t v = 0; v < V; v++) R->P1[v] /= s1;
+    }
+    return label >= 0 ? lse1 - R->x[label] : 0.0;
+}
+
+/* The full teacher row at temperature T: its softmax into qf; returns its log-normalizer. */
+static double teacher_softmax(row_ctx *R, const float **trow_out) {
+    const int64_t V = R->J->V;
+    const float *trow = (const float *)(R->J->t.base + R->r * R->J->t.row_stride);
+    double ma = -INFINITY;
+    for (int64_t v = 0; v < V; v++) if (trow[v] > ma) ma = trow[v];
+    ma *= R->invT;
+    double sa = 0.0;
+    for (int64_t v = 0; v < V; v++) { R->qf[v] = exp((double)trow[v] * R->invT - ma); sa += R->qf[v]; }
+    for (int64_t v = 0; v < V; v++) R->qf[v] /= sa;
+    *trow_out = trow;
+    return ma + log(sa);
+}
+
+/* Full vocabulary, KL(teacher ‖ student): bucket v is token v. */
+static double kd_full_forward(row_ctx *R) {
+    const int64_t V = R->J->V;
+    const float *trow;
+    const double lsea = teacher_softmax(R, &trow);
+    double kd = 0.0, C = 0.0;
+    for (int64_t v = 0; v < V; v++) {
+        double q = R->qf[v];
+        if (q > 0.0) kd += q * (((double)trow[v] * R->invT - lsea) - (R->x[v] * R->invT - R->lsez));
+        C -= q;
+    }
+    for (int64_t v = 0; v < V; v++) R->gz[v] = -R->qf[v] - R->P[v] * C;
+    return kd;
+}
+
+/* Full vocabulary, KL(student ‖ teacher). */
+static double kd_full_reverse(row_ctx *R) {
+    const int64_t V = R->J->V;
+    const float *trow;
+    const double lsea = teacher_softmax(R, &trow);
+    double kd = 0.0;
+    for (int64_t v = 0; v < V; v++) {
+        double p = R->P[v];
+        R->gz[v] = p > 0.0 ? (R->x[v] * R->invT - R->lsez) - ((double)trow[v] * R->invT - lsea) : 0.0; /* log p - log q */
+        if (p > 0.0) kd += p * R->gz[v];
+    }
+    for (int64_t v = 0; v < V; v++) R->gz[v] = R->P[v] * (R->gz[v] - kd);
+    return kd;
+}
+
+/* The teacher's top k, from the full teacher or given; 0 when an index is outside the vocabulary. */
+static int topk_teacher(row_ctx *R, const float **tvals, const int32_t **tidx, double *tlse) {
+    job *J = R->J;
+    const int K = (int)J->k;
+    const int ghost = J->cfg->topk_norm == NB_TOPK_GHOST;
+    if (J->have_t) {
+        const float *trow = (const float *)(J->t.base + R->r * J->t.row_stride);
+        topk_row(trow, J->V, K, R->tkv, R->tki);
+        *tvals = R->tkv;
+        *tidx = R->tki;
+        if (ghost) *tlse = lse_row(trow, J->V, J->cfg->temperature);
+        return 1;
+    }
+    *tvals = (const float *)(J->tv.base + R->r * J->tv.row_stride);
+    *tidx = (const int32_t *)(J->ti.base + R->r * J->ti.row_stride);
+    for (int j = 0; j < K; j++)
+        if ((*tidx)[j] < 0 || (*tidx)[j] >= J->V) return 0;
+    if (ghost) *tlse = vec_get(&J->lse, R->r);
+    return 1;
+}
+
+/* NB_TOPK_RENORM buckets: student and teacher both softmaxed over the k tokens alone. */
+static int buckets_renorm(row_ctx *R, int K, const float *tvals, const int32_t *tidx, double tlse) {
+    (void)tlse;
+    double mp = -INFINITY, mq = -INFINITY;
+    for (int j = 0; j < K; j++) {
+        R->blp[j] = R->x[tidx[j]] * R->invT; if (R->blp[j] > mp) mp = R->blp[j];
+        R->blq[j] = (double)tvals[j] * R->invT; if (R->blq[j] > mq) mq = R->blq[j];
+    }
+    double sp = 0.0, sq = 0.0;
+    for (int j = 0; j < K; j++) { sp += exp(R->blp[j] - mp); sq += exp(R->blq[j] - mq); }
+    double lp = mp + log(sp), lq = mq + log(sq);
+    for (int j = 0; j < K; j++) { R->blp[j] -= lp; R->blq[j] -= lq; }
+    return K;
+}
+
+/* The student's full-vocabulary log-probs on the k tokens, the teacher's raw values / T (max returned). */
+static double buckets_student_full_logp(row_ctx *R, int K, const float *tvals, const int32_t *tidx) {
+    double mq = -INFINITY;
+    for (int j = 0; j < K; j++) {
+        R->blp[j] = R->x[tidx[j]] * R->invT - R->lsez;
+        R->blq[j] = (double)tvals[j] * R->invT; if (R->blq[j] > mq) mq = R->blq[j];
+    }
+    return mq;
+}
+
+/* NB_TOPK_STUDENT_FULL buckets: the teacher softmaxed over the k tokens. */
+static int buckets_student_full(row_ctx *R, int K, const float *tvals, const int32_t *tidx, double tlse) {
+    (void)tlse;
+    const double mq = buckets_student_full_logp(R, K, tvals, tidx);
+    double sq = 0.0;
+    for (int j = 0; j < K; j++) sq += exp(R->blq[j] - mq);
+    double lq = mq + log(sq);
+    for (int j = 0; j < K; j++) R->blq[j] -= lq;
+    return K;
+}
+
+/* NB_TOPK_GHOST buckets: the teacher's full-vocabulary log-probs too, and a residual bucket (filled by
+ * ghost_bucket). */
+static int buckets_ghost(row_ctx *R, int K, const float *tvals, const int32_t *tidx, double tlse) {
+    (void)buckets_student_full_logp(R, K, tvals, tidx);
+    for (int j = 0; j < K; j++) R->blq[j] -= tlse;
+    return K + 1;
+}
+
+typedef int (*buckets_fn)(row_ctx *R, int K, const float *tvals, const int32_t *tidx, double tlse);
+static const buckets_fn TOPK_BUCKETS[] = {
+    [NB_TOPK_RENORM] = buckets_renorm,
+    [NB_TOPK_STUDENT_FULL] = buckets_student_full,
+    [NB_TOPK_GHOST] = buckets_ghost,
+};
+
+/* The ghost bucket: log(1 − Σ_S), with log Σ_S clamped at −FLT_EPSILON (ModelOpt, fp32 eps). Sets *lkp
+ * to the student's log Σ_S; returns 1 when the student's was clamped. */
+static int ghost_bucket(row_ctx *R, int K, double *lkp) {
+    double mp = -INFINITY, mq = -INFINITY;
+    for (int j = 0; j < K; j++) { if (R->blp[j] > mp) mp = R->blp[j]; if (R->blq[j] > mq) mq = R->blq[j]; }
+    double sp = 0.0, sq = 0.0;
+    for (int j = 0; j < K; j++) { sp += exp(R->blp[j] - mp); sq += exp(R->blq[j] - mq); }
+    *lkp = mp + log(sp);
+    double lkq = mq + log(sq);
+    const double neg_eps = -(double)FLT_EPSILON;
+    int clamped = 0;
+    if (*lkp > neg_eps) { *lkp = neg_eps; clamped = 1; }
+    if (lkq > neg_eps) lkq = neg_eps;
+    R->blp[K] = log(-expm1(*lkp));
+    R->blq[K] = log(-expm1(lkq));
+    return clamped;
+}
+
+/* The chain rule from bucket log-probs to z (see nibble/distill.h for the three definitions). */
+static void topk_chain(row_ctx *R, int K, int nb, const int32_t *tidx, int clamped_p, double lkp) {
+    const int64_t V = R->J->V;
+    double C = 0.0;
+    for (int j = 0; j < K; j++) C += R->bc[j];
+    if (R->J->cfg->topk_norm == NB_TOPK_RENORM) {
+        memset(R->gz, 0, (size_t)V * sizeof(double));
+        for (int j = 0; j < K; j++) R->gz[tidx[j]] += R->bc[j] - C * exp(R->blp[j]);
+        return;
+    }
+    double base = -C, ginv = 0.0;   /* ghost: d log p_g / d log p_j = −p_j / (1 − K), zero when clamped */
+    if (nb == K + 1 && !clamped_p) {
+        ginv = R->bc[K] / -expm1(lkp);   /* c_g / (1 − K) */
+        base += ginv * exp(lkp);         /* + c_g K / (1 − K) */
+    }
+    for (int64_t v = 0; v < V; v++) R->gz[v] = R->P[v] * base;
+    for (int j = 0; j < K; j++) R->gz[tidx[j]] += R->bc[j] - ginv * exp(R->blp[j]);
+}
+
+/* The teacher's top k: buckets, then each bucket's value and dL/dlog p (forward or reverse KL), then z. */
+static double kd_topk(row_ctx *R, int rev) {
+    const int K = (int)R->J->k;
+    const float *tvals;
+    const int32_t *tidx;
+    double tlse = NAN;
+    if (!topk_teacher(R, &tvals, &tidx, &tlse)) {
+        R->bad_index = 1;
+        return 0.0;
+    }
+    const int nb = TOPK_BUCKETS[R->J->cfg->topk_norm](R, K, tvals, tidx, tlse);
+    double lkp = 0.0;
+    const int clamped_p = nb == K + 1 ? ghost_bucket(R, K, &lkp) : 0;
+    double kd = 0.0;
+    for (int b = 0; b < nb; b++) {
+        if (!rev) {
+            double q = exp(R->blq[b]);
+            if (q > 0.0) kd += q * (R->blq[b] - R->blp[b]);
+            R->bc[b] = -q;
+        } else {
+            double p = exp(R->blp[b]);
+            double f = p > 0.0 ? R->blp[b] - R->blq[b] : 0.0;
+            if (p > 0.0) kd += p * f;
+            R->bc[b] = p * (f + 1.0);
+        }
+    }
+    topk_chain(R, K, nb, tidx, clamped_p, lkp);
+    return kd;
+}
+
+static double kd_topk_forward(row_ctx *R) { return kd_topk(R, 0); }
+static double kd_topk_reverse(row_ctx *R) { return kd_topk(R, 1); }
+
+/* The KD losses: kd_n (without the T² factor) and gz, by [top-k or full vocabulary][forward or reverse]. */
+typedef double (*kd_fn)(row_ctx *R);
+static const kd_fn KD_ROW[2][2] = {
+    { kd_full_forward, kd_full_reverse },
+    { kd_topk_forward, kd_topk_reverse },
+};
+
+/* d loss / d x for the row: the KD part through z = x / T and the LM part through P1. */
+static void grad_row(row_ctx *R, float *grow, int64_t label, double w) {
+    const nb_distill_cfg *cfg = R->J->cfg;
+    const int64_t V = R->J->V;
+    const double gk = cfg->kd != NB_KD_NONE ? w * R->J->gk / cfg->temperature : 0.0;   /* d kd_n / d x = T² · (1/T) · d/dz */
+    const double gl = cfg->lm_loss ? w * R->J->gl : 0.0;
+    for (int64_t v = 0; v < V; v++) {
+        double g = 0.0;
+        if (gk != 0.0) g += gk * R->gz[v];
+        if (gl != 0.0) g += gl * (R->P1[v] - (v == label ? 1.0 : 0.0));
+        grow[v] = (float)g;
+    }
+}
+
+/* One row: kd_n (T² included when t2_scale) and ce_n into the job's outputs; the gradient if asked. */
 static void do_row(job *J, int64_t r, double *scr, float *tkv, int32_t *tki) {
     const nb_distill_cfg *cfg = J->cfg;
     const int64_t V = J->V;
-    const double T = cfg->temperature;
     const double w = J->w[r];
     float *grow = J->have_grad ? (float *)(J->g.base + r * J->g.row_stride) : NULL;
     J->kd_row[r] = 0.0;
@@ -269,183 +519,27 @@ static void do_row(job *J, int64_t r, double *scr, float *tkv, int32_t *tki) {
         if (grow) memset(grow, 0, (size_t)V * sizeof(float));
         return;
     }
+    row_ctx R = {J, r, 1.0 / cfg->temperature, NAN, scr, scr + V, scr + 2 * V, scr + 3 * V, scr + 4 * V,
+                 scr + 5 * V, scr + 5 * V + (J->k + 1), scr + 5 * V + 2 * (J->k + 1), tkv, tki, 0};
+    /* invT is exact for powers of two; otherwise within an ulp of x / T */
     const float *srow = (const float *)(J->s.base + r * J->s.row_stride);
-    double *x = scr, *P = scr + V, *gz = scr + 2 * V, *qf = scr + 3 * V, *P1 = scr + 4 * V;
-    double *blp = scr + 5 * V, *blq = blp + (J->k + 1), *bc = blq + (J->k + 1); /* bucket log p, log q, dL/dlog p */
-    const double invT = 1.0 / T;   /* exact for powers of two; otherwise within an ulp of x / T */
-
     double xmax = -INFINITY;
     for (int64_t v = 0; v < V; v++) {   /* copied first: grad may alias the student row */
-        x[v] = srow[v];
-        if (x[v] > xmax) xmax = x[v];
+        R.x[v] = srow[v];
+        if (R.x[v] > xmax) xmax = R.x[v];
     }
-
-    /* the student at temperature T (max(x·c) = max(x)·c for c > 0: rounding is monotonic) */
-    double lsez = NAN;
-    if (cfg->kd != NB_KD_NONE) {
-        const double mz = xmax * invT;
-        double sz = 0.0;
-        for (int64_t v = 0; v < V; v++) { P[v] = exp(x[v] * invT - mz); sz += P[v]; }
-        lsez = mz + log(sz);
-        for (int64_t v = 0; v < V; v++) P[v] /= sz;
-    }
-
-    /* cross-entropy at T = 1 (whenever a label is there: logged even when lm_loss is off) */
+    if (cfg->kd != NB_KD_NONE) student_softmax(&R, xmax);
     int64_t label = J->have_lab ? vec_get_i64(&J->lab, r) : -1;
-    double lse1 = NAN;
     const int lm_grad = cfg->lm_loss && grow;
-    if (label >= 0 || lm_grad) {
-        if (cfg->kd != NB_KD_NONE && T == 1.0) {
-            lse1 = lsez;
-            P1 = P;
-        } else {
-            double s1 = 0.0;
-            for (int64_t v = 0; v < V; v++) { P1[v] = exp(x[v] - xmax); s1 += P1[v]; }
-            lse1 = xmax + log(s1);
-            if (lm_grad) for (int64_t v = 0; v < V; v++) P1[v] /= s1;
-        }
-        if (label >= 0) J->ce_row[r] = lse1 - x[label];
-    }
-
+    if (label >= 0 || lm_grad) J->ce_row[r] = ce_row(&R, label, xmax, lm_grad);
     double kd = 0.0;
-    const int K = (int)J->k;
     if (cfg->kd != NB_KD_NONE) {
-        const int rev = cfg->kd == NB_KD_REVERSE;
-
-        if (K == 0) {
-            /* full vocabulary: bucket v is token v */
-            const float *trow = (const float *)(J->t.base + r * J->t.row_stride);
-            double ma = -INFINITY;
-            for (int64_t v = 0; v < V; v++) if (trow[v] > ma) ma = trow[v];
-            ma *= invT;
-            double sa = 0.0;
-            for (int64_t v = 0; v < V; v++) { qf[v] = exp((double)trow[v] * invT - ma); sa += qf[v]; }
-            const double lsea = ma + log(sa);
-            for (int64_t v = 0; v < V; v++) qf[v] /= sa;
-            if (!rev) {
-                double C = 0.0;
-                for (int64_t v = 0; v < V; v++) {
-                    double q = qf[v];
-                    if (q > 0.0) kd += q * (((double)trow[v] * invT - lsea) - (x[v] * invT - lsez));
-                    C -= q;
-                }
-                for (int64_t v = 0; v < V; v++) gz[v] = -qf[v] - P[v] * C;
-            } else {
-                for (int64_t v = 0; v < V; v++) {
-                    double p = P[v];
-                    gz[v] = p > 0.0 ? (x[v] * invT - lsez) - ((double)trow[v] * invT - lsea) : 0.0; /* log p - log q */
-                    if (p > 0.0) kd += p * gz[v];
-                }
-                for (int64_t v = 0; v < V; v++) gz[v] = P[v] * (gz[v] - kd);
-            }
-        } else {
-            /* the teacher's top k: from the full teacher or given */
-            const float *tvals;
-            const int32_t *tidx;
-            double tlse = NAN;
-            if (J->have_t) {
-                const float *trow = (const float *)(J->t.base + r * J->t.row_stride);
-                topk_row(trow, V, K, tkv, tki);
-                tvals = tkv;
-                tidx = tki;
-                if (cfg->topk_norm == NB_TOPK_GHOST) tlse = lse_row(trow, V, T);
-            } else {
-                tvals = (const float *)(J->tv.base + r * J->tv.row_stride);
-                tidx = (const int32_t *)(J->ti.base + r * J->ti.row_stride);
-                for (int j = 0; j < K; j++)
-                    if (tidx[j] < 0 || tidx[j] >= V) { J->bad[r] = 2; return; }
-                if (cfg->topk_norm == NB_TOPK_GHOST) tlse = vec_get(&J->lse, r);
-            }
-            int nb = K;   /* buckets */
-            if (cfg->topk_norm == NB_TOPK_RENORM) {
-                double mp = -INFINITY, mq = -INFINITY;
-                for (int j = 0; j < K; j++) {
-                    blp[j] = x[tidx[j]] * invT; if (blp[j] > mp) mp = blp[j];
-                    blq[j] = (double)tvals[j] * invT; if (blq[j] > mq) mq = blq[j];
-                }
-                double sp = 0.0, sq = 0.0;
-                for (int j = 0; j < K; j++) { sp += exp(blp[j] - mp); sq += exp(blq[j] - mq); }
-                double lp = mp + log(sp), lq = mq + log(sq);
-                for (int j = 0; j < K; j++) { blp[j] -= lp; blq[j] -= lq; }
-            } else {
-                double mq = -INFINITY;
-                for (int j = 0; j < K; j++) {
-                    blp[j] = x[tidx[j]] * invT - lsez;        /* full-vocab student log-probs */
-                    blq[j] = (double)tvals[j] * invT; if (blq[j] > mq) mq = blq[j];
-                }
-                if (cfg->topk_norm == NB_TOPK_STUDENT_FULL) {
-                    double sq = 0.0;
-                    for (int j = 0; j < K; j++) sq += exp(blq[j] - mq);
-                    double lq = mq + log(sq);
-                    for (int j = 0; j < K; j++) blq[j] -= lq;
-                } else {
-                    for (int j = 0; j < K; j++) blq[j] -= tlse;
-                    nb = K + 1;
-                }
-            }
-            /* the ghost bucket: log(1 − Σ_S), with log Σ_S clamped at −FLT_EPSILON (ModelOpt, fp32 eps) */
-            double lkp = 0.0;
-            int clamped_p = 0;
-            if (nb == K + 1) {
-                double mp = -INFINITY, mq = -INFINITY;
-                for (int j = 0; j < K; j++) { if (blp[j] > mp) mp = blp[j]; if (blq[j] > mq) mq = blq[j]; }
-                double sp = 0.0, sq = 0.0;
-                for (int j = 0; j < K; j++) { sp += exp(blp[j] - mp); sq += exp(blq[j] - mq); }
-                lkp = mp + log(sp);
-                double lkq = mq + log(sq);
-                const double neg_eps = -(double)FLT_EPSILON;
-                if (lkp > neg_eps) { lkp = neg_eps; clamped_p = 1; }
-                if (lkq > neg_eps) lkq = neg_eps;
-                blp[K] = log(-expm1(lkp));
-                blq[K] = log(-expm1(lkq));
-            }
-            /* value and dL/dlog p_b for each bucket */
-            double C = 0.0;
-            for (int b = 0; b < nb; b++) {
-                if (!rev) {
-                    double q = exp(blq[b]);
-                    if (q > 0.0) kd += q * (blq[b] - blp[b]);
-                    bc[b] = -q;
-                } else {
-                    double p = exp(blp[b]);
-                    double f = p > 0.0 ? blp[b] - blq[b] : 0.0;
-                    if (p > 0.0) kd += p * f;
-                    bc[b] = p * (f + 1.0);
-                }
-            }
-            /* chain rule from bucket log-probs to z (see nibble/distill.h for the three definitions) */
-            if (cfg->topk_norm == NB_TOPK_RENORM) {
-                for (int j = 0; j < K; j++) C += bc[j];
-                memset(gz, 0, (size_t)V * sizeof(double));
-                for (int j = 0; j < K; j++) gz[tidx[j]] += bc[j] - C * exp(blp[j]);
-            } else {
-                double cg = 0.0;   /* ghost: d log p_g / d log p_j = −p_j / (1 − K), zero when clamped */
-                for (int j = 0; j < K; j++) C += bc[j];
-                double base = -C;
-                double ginv = 0.0;
-                if (nb == K + 1 && !clamped_p) {
-                    cg = bc[K];
-                    ginv = cg / -expm1(lkp);       /* c_g / (1 − K) */
-                    base += ginv * exp(lkp);       /* + c_g K / (1 − K) */
-                }
-                for (int64_t v = 0; v < V; v++) gz[v] = P[v] * base;
-                for (int j = 0; j < K; j++) gz[tidx[j]] += bc[j] - ginv * exp(blp[j]);
-            }
-        }
+        kd = KD_ROW[J->k > 0][cfg->kd == NB_KD_REVERSE](&R);
+        if (R.bad_index) { J->bad[r] = 2; return; }
     }
-    const double t2 = cfg->t2_scale ? T * T : 1.0;
-    J->kd_row[r] = kd * t2;
+    J->kd_row[r] = kd * (cfg->t2_scale ? cfg->temperature * cfg->temperature : 1.0);
     if (!isfinite(J->kd_row[r]) || !isfinite(J->ce_row[r])) { J->bad[r] = 1; return; }
-    if (!grow) return;
-
-    const double gk = cfg->kd != NB_KD_NONE ? w * J->gk / T : 0.0;   /* d kd_n / d x = T² · (1/T) · d/dz */
-    const double gl = cfg->lm_loss ? w * J->gl : 0.0;
-    for (int64_t v = 0; v < V; v++) {
-        double g = 0.0;
-        if (gk != 0.0) g += gk * gz[v];
-        if (gl != 0.0) g += gl * (P1[v] - (v == label ? 1.0 : 0.0));
-        grow[v] = (float)g;
-    }
+    if (grow) grad_row(&R, grow, label, w);
 }
 
 static void run_rows(void *arg, int64_t begin, int64_t end) {

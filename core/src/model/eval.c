@@ -1,149 +1,12 @@
-/* Evaluation and generation: perplexity exactly as llama.cpp's llama-perplexity computes it (chunks
- * of n_ctx tokens, BOS in each chunk's first slot, only the second half scored), KL(teacher||model)
- * and top-1 agreement at the same positions, and greedy / sampled generation with a KV cache. */
+/* Evaluation: perplexity exactly as llama.cpp's llama-perplexity computes it (chunks of n_ctx tokens,
+ * BOS in each chunk's first slot, only the second half scored), KL(teacher||model) and top-1 agreement
+ * at the same positions. Generation is in generate.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/internal.h"
-
-/* ---- sampling ------------------------------------------------------------------------------ */
-
-typedef struct { double w; int32_t i; } wi_pair;
-
-/* descending weight, then ascending id */
-static int cmp_desc(const void *a, const void *b) {
-    const wi_pair *x = a, *y = b;
-    if (x->w != y->w) return x->w < y->w ? 1 : -1;
-    return x->i < y->i ? -1 : (x->i > y->i);
-}
-
-static int32_t argmax(const float *l, int64_t V) {
-    int32_t best = 0;
-    for (int64_t i = 1; i < V; i++)
-        if (l[i] > l[best]) best = (int32_t)i;
-    return best;
-}
-
-/* heap of the k largest weights, smallest at the root */
-static void sift_down(wi_pair *h, int64_t k, int64_t i) {
-    for (;;) {
-        int64_t l = 2 * i + 1, r = l + 1, s = i;
-        if (l < k && cmp_desc(&h[l], &h[s]) > 0) s = l;
-        if (r < k && cmp_desc(&h[r], &h[s]) > 0) s = r;
-        if (s == i) return;
-        wi_pair t = h[i];
-        h[i] = h[s];
-        h[s] = t;
-        i = s;
-    }
-}
-
-/* Work is O(V) (plus O(V log k) for top-k): a 150k vocabulary is never sorted whole. Top-p sorts
- * only the tokens whose weight is at least 1e-7 of the mean, which together miss at most 1e-7 of the
- * mass. */
-int32_t nb_sample_logits(const float *logits, int64_t V, const nb_sample_opts *o, nb_rng *rng) {
-    if (!o || o->greedy || !(o->temperature > 0) || !rng || V <= 1) return argmax(logits, V);
-    int32_t best = argmax(logits, V);
-    double mx = logits[best], inv_t = 1.0 / o->temperature, sum = 0.0;
-    double *w = malloc(sizeof(double) * (size_t)V);
-    if (!w) return best;
-    for (int64_t i = 0; i < V; i++) sum += (w[i] = exp(((double)logits[i] - mx) * inv_t));
-    int top_p = o->top_p > 0 && o->top_p < 1;
-    int top_k = o->top_k > 0 && o->top_k < V;
-    if (!top_p && !top_k) {   /* the whole distribution, in id order */
-        double u = nb_rng_uniform(rng) * sum, acc = 0.0;
-        int32_t pick = best;
-        for (int64_t i = 0; i < V; i++) {
-            acc += w[i];
-            if (u < acc) { pick = (int32_t)i; break; }
-        }
-        free(w);
-        return pick;
-    }
-    int64_t n = 0, cap = top_k ? o->top_k : V;
-    wi_pair *c = malloc(sizeof *c * (size_t)cap);
-    if (!c) { free(w); return best; }
-    if (top_k) {
-        for (int64_t i = 0; i < V; i++) {
-            wi_pair e = {w[i], (int32_t)i};
-            if (n < cap) {
-                c[n++] = e;
-                if (n == cap)
-                    for (int64_t j = cap / 2 - 1; j >= 0; j--) sift_down(c, cap, j);
-            } else if (cmp_desc(&e, &c[0]) < 0) {   /* e ranks before the smallest kept */
-                c[0] = e;
-                sift_down(c, cap, 0);
-            }
-        }
-    } else {
-        double floor_w = 1e-7 * sum / (double)V;
-        for (int64_t i = 0; i < V; i++)
-            if (w[i] >= floor_w) c[n++] = (wi_pair){w[i], (int32_t)i};
-    }
-    qsort(c, (size_t)n, sizeof *c, cmp_desc);
-    double csum = 0.0;
-    for (int64_t i = 0; i < n; i++) csum += c[i].w;
-    if (top_p) {
-        double acc = 0.0;
-        int64_t keep = n;
-        for (int64_t i = 0; i < n; i++) {
-            acc += c[i].w;
-            if (acc >= o->top_p * csum) { keep = i + 1; break; }
-        }
-        n = keep;
-        csum = 0.0;
-        for (int64_t i = 0; i < n; i++) csum += c[i].w;
-    }
-    double u = nb_rng_uniform(rng) * csum, acc = 0.0;
-    int32_t pick = c[n - 1].i;
-    for (int64_t i = 0; i < n; i++) {
-        acc += c[i].w;
-        if (u < acc) { pick = c[i].i; break; }
-    }
-    free(c);
-    free(w);
-    return pick;
-}
-
-static int is_eos(const nb_model_config *c, int32_t t) {
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_token_ids[i] == t) return 1;
-    return 0;
-}
-
-nb_status nb_model_generate(nb_ctx *ctx, nb_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
-                            const nb_sample_opts *opts, int32_t *out, int64_t *n_out) {
-    if (n_out) *n_out = 0;
-    if (n_prompt < 1) return nb_fail(ctx, NB_ERR_INVALID, "generate: the prompt needs at least one token (e.g. BOS)");
-    if (n_new < 0) return nb_fail(ctx, NB_ERR_INVALID, "generate: n_new is negative");
-    if (n_new == 0) return NB_OK;
-    int64_t V = m->cfg.vocab_size;
-    nb_kv_cache *kc = NULL;
-    nb_status s = nb_kv_cache_new(ctx, m, 1, n_prompt + n_new, &kc);
-    if (s) return s;
-    float *lg = malloc(sizeof(float) * (size_t)V);
-    if (!lg) { nb_kv_cache_free(kc); return nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); }
-    nb_rng rng;
-    nb_rng_seed(&rng, opts ? opts->seed : 0);
-    nb_forward_opts fo = {0};
-    fo.logits = lg;
-    fo.cache = kc;
-    fo.logits_start = n_prompt - 1;
-    s = nb_model_forward(ctx, m, prompt, 1, n_prompt, &fo);
-    int64_t n = 0;
-    fo.logits_start = 0;
-    while (!s && n < n_new) {
-        int32_t t = nb_sample_logits(lg, V, opts, &rng);
-        out[n++] = t;
-        if (opts && opts->stop_at_eos && is_eos(&m->cfg, t)) break;
-        if (n < n_new) s = nb_model_forward(ctx, m, &t, 1, 1, &fo);
-    }
-    if (n_out) *n_out = n;
-    free(lg);
-    nb_kv_cache_free(kc);
-    return s;
-}
+#include "nibble/generate.h"
 
 /* ---- perplexity / KL ------------------------------------------------------------------------ */
 
@@ -184,7 +47,7 @@ static void score_range(void *arg, int64_t r0, int64_t r1) {
                 kl += exp(lp) * (lp - ((double)l[c] - lse));
             }
             j->row_kl[R] = kl;
-            j->row_same[R] = argmax(l, V) == argmax(q, V);
+            j->row_same[R] = nb_sample_logits(l, V, NULL, NULL) == nb_sample_logits(q, V, NULL, NULL);
         }
     }
 }
