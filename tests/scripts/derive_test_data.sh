@@ -63,8 +63,7 @@ stories260K/reference/greedy_from_bos_200.json: derived
 stories260K/reference/greedy_from_bos_200.txt: derived
 stories260K/reference/summary.json: derived
 stories260K/reference/valid_chunk0.json: derived
-stories260K/reference/valid_chunk0_logits_f32le.bin: derived
-"
+stories260K/reference/valid_chunk0_logits_f32le.bin: derived"
 same "fetch summary" "$(cat "$tmp/err")" "fetch-test-data.sh: 2 of 33 files in $copy are missing or wrong"
 same "the perplexities summary.json records were recomputed" "$(printf '%s\n' "$out" | grep -c 'recorded')" 3
 
