@@ -3,7 +3,9 @@
 # file matches), then against a copy made of symlinks with one file corrupted, one truncated and two
 # missing (--check prints exactly those four lines), then its fetch mode with a stand-in curl that
 # serves the real files: the two missing or wrong verbatim files come back, no matching file is fetched
-# or touched, derived files are named as unfetchable, and a download with the wrong bytes is refused.
+# or touched, derived files are named as not derivable without the nibble program (NIBBLE_BIN points
+# nowhere: tests/scripts/derive_test_data.sh runs the derivation), and a download with the wrong bytes
+# is refused.
 # Skips (77) when the real folder or some of its files are absent; fails when a file there is wrong.
 set -u
 src=${NIBBLE_SOURCE_DIR:-.}
@@ -73,16 +75,17 @@ chmod +x "$tmp/bin/curl"
 gguf_before=$(ls -l "$copy/stories260K/stories260K.gguf")
 
 gh=https://raw.githubusercontent.com
-out=$(PATH=$tmp/bin:$PATH NIBBLE_TEST_DATA=$copy "$fetch" 2>"$tmp/err"); rc=$?
+nonib=$tmp/no-nibble
+out=$(PATH=$tmp/bin:$PATH NIBBLE_BIN=$nonib NIBBLE_TEST_DATA=$copy "$fetch" 2>"$tmp/err"); rc=$?
 same "fetch exit code (derived files stay missing)" "$rc" 1
 same "fetch lines" "$out" "stories260K/tok512.bin: missing
-stories260K/tok512.bin: cannot be fetched, it is derived (llama2.c tokenizer file rebuilt from stories260K.gguf's vocab and scores); copy it from a complete test data folder
 stories260K/reference/summary.json: sha256 0f1a005d9e1a6cf24c78e4de7fea2c1286d67e28fecfaeb8ae201338af7a158c, expected 0692d17f7cd09785900ae1d8304e4be150780d2a2abe9be786938d8058ac801e
-stories260K/reference/summary.json: cannot be fetched, it is derived (outputs of an independent float64 torch forward of stories260K on text/tinystories_valid_head_776KiB.txt); copy it from a complete test data folder
 text/tinystories_valid_head_776KiB.txt: size 1000, expected 794375
 text/tinystories_valid_head_776KiB.txt: fetched from $gh/yuninxia/moe-routing-bench/6877be50c1c389c73047d7f27104bee6a995efd6/data/tinystories_val.txt
 tokenizers/llama2-32k/tokenizer.model: missing
-tokenizers/llama2-32k/tokenizer.model: fetched from $gh/karpathy/llama2.c/master/tokenizer.model"
+tokenizers/llama2-32k/tokenizer.model: fetched from $gh/karpathy/llama2.c/master/tokenizer.model
+stories260K/tok512.bin: cannot be derived: $nonib is missing (build nibble first: cmake --preset release && cmake --build build)
+stories260K/reference/summary.json: cannot be derived: $nonib is missing (build nibble first: cmake --preset release && cmake --build build)"
 same "fetch summary" "$(cat "$tmp/err")" "fetch-test-data.sh: 2 of 33 files in $copy are missing or wrong"
 same "only the two wrong verbatim files were downloaded" "$(cat "$tmp/curl.log")" "$gh/yuninxia/moe-routing-bench/6877be50c1c389c73047d7f27104bee6a995efd6/data/tinystories_val.txt
 $gh/karpathy/llama2.c/master/tokenizer.model"
@@ -93,7 +96,7 @@ stories260K/reference/summary.json: sha256 0f1a005d9e1a6cf24c78e4de7fea2c1286d67
 
 # A download whose bytes are wrong is refused and leaves nothing behind.
 rm "$copy/tokenizers/llama2-32k/tokenizer.model"
-out=$(FAKE_CURL_WRONG=1 PATH=$tmp/bin:$PATH NIBBLE_TEST_DATA=$copy "$fetch" 2>/dev/null | grep '^tokenizers/')
+out=$(FAKE_CURL_WRONG=1 PATH=$tmp/bin:$PATH NIBBLE_BIN=$nonib NIBBLE_TEST_DATA=$copy "$fetch" 2>/dev/null | grep '^tokenizers/')
 same "a wrong download is refused" "$out" "tokenizers/llama2-32k/tokenizer.model: missing
 tokenizers/llama2-32k/tokenizer.model: $gh/karpathy/llama2.c/master/tokenizer.model gave sha256 543df89fec85b1c280e5be7bc6a33e31203503cd6edb3084312de4db5a9b436c, expected 9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"
 same "nothing left in llama2-32k but the three other files" "$(ls "$copy/tokenizers/llama2-32k")" "special_tokens_map.json
