@@ -3,7 +3,8 @@
 # (release, CUDA kernels compiled and linked when nvcc is present), run ctest.
 # NIBBLE_TEST_SANITIZE=1 also builds the debug preset (ASan+UBSan) and runs ctest there, less the
 # two full-model evaluation runs (perplexity over 100 chunks, ~10x slower under ASan); the same
-# forward/backward code runs under ASan in c.test_model_grad, c.test_model_stories and c.test_qad.
+# forward/backward code runs under ASan in c.test_model_grad, c.test_model_stories and c.test_qad;
+# and script.derive_test_data (a data script, whose float64 forward passes are Lua, not libnibble).
 # Then it builds the libFuzzer targets (clang) and runs each over its corpus plus NIBBLE_FUZZ_SECONDS
 # (default 15) of fuzzing: any finding fails the run.
 # Then scripts/test-cpus.sh reruns the numeric tests on the SIMD levels and OpenBLAS kernel sets of
@@ -63,7 +64,7 @@ ctest --test-dir build --output-on-failure -j"$JOBS" || rc=$?
 if [ "${NIBBLE_TEST_SANITIZE:-0}" = 1 ]; then
   cmake --preset debug >/dev/null
   cmake --build build-debug -j"$JOBS"
-  ctest --test-dir build-debug --output-on-failure -j"$JOBS" -E '^(c\.test_model_eval|lua\.model)$' || rc=$?
+  ctest --test-dir build-debug --output-on-failure -j"$JOBS" -E '^(c\.test_model_eval|lua\.model|script\.derive_test_data)$' || rc=$?
   cmake --preset fuzz >/dev/null
   cmake --build build-fuzz -j"$JOBS" --target fuzz
   tests/fuzz/run.sh build-fuzz "${NIBBLE_FUZZ_SECONDS:-15}" || rc=$?
