@@ -35,16 +35,12 @@ local function qp(self)
   return p
 end
 
--- formats by name: the quant helper's names plus the recipe spellings
-local format_alias = { none = 0, nvfp4 = C.NB_FMT_NVFP4, nvfp4_46 = C.NB_FMT_NVFP4_46, nvfp4_4o6 = C.NB_FMT_NVFP4_46,
-                       four_over_six = C.NB_FMT_NVFP4_46, mxfp8 = C.NB_FMT_MXFP8, fp8 = C.NB_FMT_FP8_TENSOR,
-                       fp8_tensor = C.NB_FMT_FP8_TENSOR, fp8_channel = C.NB_FMT_FP8_CHANNEL,
-                       fp8_per_channel = C.NB_FMT_FP8_CHANNEL }
-local format_name = {}
-for f = 0, C.NB_FMT_COUNT - 1 do
-  local tr = C.nb_qformat_info(f)
-  if tr ~= nil then format_name[f] = ffi.string(tr.name) end
-end
+-- formats by name (every spelling nibble/formats.h accepts) and by id
+local formats = require("nibble.formats")
+local format_alias = formats.format_ids
+
+local format_name = { [0] = "none" }
+for id, e in pairs(formats.by_id) do format_name[id] = e.name end
 M.format_name = format_name
 
 local function to_format(x, what)
@@ -61,13 +57,15 @@ local function to_format(x, what)
 end
 M.format = to_format
 
-local calib_methods = { max = C.NB_CALIB_MAX, mse = C.NB_CALIB_MSE, four_over_six = C.NB_CALIB_FOUR_OVER_SIX }
+local calib_methods = formats.algorithms
 
 -- calib_config("max" | "mse" | "four_over_six" | {method =, start =, stop =, step =, metric =})
 local function calib_config(a)
   if type(a) ~= "table" then a = { method = a or "max" } end
   local m = calib_methods[a.method or "max"]
-  if m == nil then fail(("unknown calibration algorithm %s (max, mse, four_over_six)"):format(tostring(a.method))) end
+  if m == nil then
+    fail(("unknown calibration algorithm %s (%s)"):format(tostring(a.method), table.concat(formats.algorithm_names, ", ")))
+  end
   local cfg = ffi.new("nb_calib_config")
   C.nb_calib_config_init(cfg, m)
   if a.start then cfg.start_multiplier = a.start end

@@ -18,6 +18,7 @@
 #include "nibble/blas.h"
 #include "nibble/model.h"
 #include "nibble/quant.h"
+#include "nibble/formats.h"
 #include "nibble/quant_fast.h"
 #include "nibble/quant_cuda.h"
 #include "nibble/parambuf.h"

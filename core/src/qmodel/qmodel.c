@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nibble/formats.h"
 #include "nibble/qmodel.h"
 #include "qmodel/qmodel_internal.h"
 
@@ -136,7 +137,8 @@ nb_status nb_qmodel_exclude(nb_ctx *ctx, nb_qmodel *qm, const char *name, const 
 }
 
 static int fmt_family_input_ok(int32_t f) {
-    return f == NB_FMT_NONE || f == NB_FMT_NVFP4 || f == NB_FMT_FP8_TENSOR || f == NB_FMT_MXFP8;
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)f);
+    return f == NB_FMT_NONE || (d && d->input_ok);
 }
 
 /* The dtype ModelOpt's FP8 export divides in: the weight's stored dtype (FORMATS §6.4). */
@@ -170,8 +172,7 @@ nb_status nb_qmodel_set(nb_ctx *ctx, nb_qmodel *qm, const char *name, const nb_q
     drop_quantizers(q);
     nb_quantizer_config wc;
     nb_quantizer_config_init(&wc, (nb_qformat)spec->weight_format);
-    if (spec->weight_format == NB_FMT_NVFP4 || spec->weight_format == NB_FMT_NVFP4_46)
-        wc.is_static = spec->weight_format == NB_FMT_NVFP4_46 ? 1 : spec->weight_static;
+    if (nb_format_desc_of((nb_qformat)spec->weight_format)->state_static) wc.is_static |= spec->weight_static;
     wc.mx_floor = spec->mx_floor;
     wc.pass_through_bwd = spec->pass_through_bwd;
     if (spec->weight_format == NB_FMT_FP8_TENSOR) wc.fp8_div_dtype = fp8_div_dtype_of(qm, q);
@@ -188,7 +189,7 @@ nb_status nb_qmodel_set(nb_ctx *ctx, nb_qmodel *qm, const char *name, const nb_q
         if ((s = nb_quantizer_new(ctx, qname, &ic, &q->iq))) { drop_quantizers(q); return s; }
     }
     q->spec = *spec;
-    if (spec->weight_format == NB_FMT_NVFP4_46) q->spec.weight_static = 1;
+    if (wc.is_static) q->spec.weight_static = 1;   /* four_over_six is static whatever the spec says */
     set_reason(q, NULL);
     return NB_OK;
 }
@@ -247,7 +248,8 @@ static int same_weight_kind(const nb_qmod *a, const nb_qmod *b) {
 }
 
 static int groupable(int32_t f) {
-    return f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46 || f == NB_FMT_FP8_TENSOR;
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)f);
+    return d && d->groupable;
 }
 
 static nb_status make_group(nb_ctx *ctx, nb_qmod **members, int n, int input, const char *label, int64_t *count) {
