@@ -69,6 +69,9 @@ typedef struct nb_preset_desc {
 
 /* Formats by id: NULL for NB_FMT_NONE and out of range. */
 NB_API const nb_format_desc *nb_format_desc_of(nb_qformat f);
+/* Does a quantizer of format d (static or dynamic) keep the state attribute attr ("amax", "block_amax",
+ * "global_amax"): one of the words of d's state_static / state_dynamic? 0 for a NULL d or attr. */
+NB_API int nb_format_uses_state(const nb_format_desc *d, int is_static, const char *attr);
 /* Presets, in the order --help lists them: 0 .. nb_preset_count()-1 (NULL past the end). */
 NB_API int nb_preset_count(void);
 NB_API const nb_preset_desc *nb_preset_at(int i);

@@ -251,7 +251,10 @@ static cJSON *ct_args(int32_t fmt, int input) {
 static const char *ct_format_name(int32_t fmt) { return nb_format_desc_of((nb_qformat)fmt)->ct_format; }
 
 /* The format a module's bytes are stored in (four_over_six ships as NVFP4). */
-static int32_t disk_format(int32_t fmt) { return nb_format_desc_of((nb_qformat)fmt)->disk_format; }
+static int32_t disk_format(int32_t fmt) {
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)fmt);
+    return d ? (int32_t)d->disk_format : fmt;
+}
 
 cJSON *nbx_ct_quantization_config(const nb_qmodel *qm, const int *included, int kv) {
     cJSON *qc = cJSON_CreateObject();

@@ -119,6 +119,15 @@ const nb_format_desc *nb_format_desc_of(nb_qformat f) {
     return ((unsigned)f < NB_FMT_COUNT && f != NB_FMT_NONE) ? &FORMATS[f] : NULL;
 }
 
+int nb_format_uses_state(const nb_format_desc *d, int is_static, const char *attr) {
+    const char *list = d ? (is_static ? d->state_static : d->state_dynamic) : NULL;
+    if (!list || !attr || !attr[0]) return 0;
+    size_t n = strlen(attr);
+    for (const char *p = list; (p = strstr(p, attr)) != NULL; p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == 0)) return 1;
+    return 0;
+}
+
 int nb_preset_count(void) { return N_PRESETS; }
 
 const nb_preset_desc *nb_preset_at(int i) { return (i >= 0 && i < N_PRESETS) ? &PRESETS[i] : NULL; }
