@@ -32,7 +32,7 @@ static const struct {
     nb_dtype elem, data, scale;
     int scale2;
     float maxbound, norm;
-    int per_row, input_ok, groupable;
+    int per_row, input_ok, groupable, fuse;
     const char *st_dyn, *st_static;
     uint32_t calib;
     const char *qa, *qa_act;
@@ -42,23 +42,23 @@ static const struct {
     int ct_inv;
     const char *mo[4], *ct[4];
 } WANT[] = {
-    {NB_FMT_NVFP4, "nvfp4", NB_FMT_NVFP4, 16, NB_E2M1, NB_U8, NB_E4M3, 1, 6.0f, 448.0f, 0, 1, 1, "amax",
+    {NB_FMT_NVFP4, "nvfp4", NB_FMT_NVFP4, 16, NB_E2M1, NB_U8, NB_E4M3, 1, 6.0f, 448.0f, 0, 1, 1, 1, "amax",
      "block_amax global_amax", 3u, "W4A16_NVFP4", "NVFP4", "nvfp4-pack-quantized", 4, 16, "tensor_group",
      "torch.float8_e4m3fn", "local", "static_minmax", 1,
      {"weight", "weight_scale", "weight_scale_2", "input_scale"},
      {"weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"}},
-    {NB_FMT_NVFP4_46, "nvfp4_46", NB_FMT_NVFP4, 16, NB_E2M1, NB_U8, NB_E4M3, 1, 6.0f, 256.0f, 0, 0, 1, "amax",
+    {NB_FMT_NVFP4_46, "nvfp4_46", NB_FMT_NVFP4, 16, NB_E2M1, NB_U8, NB_E4M3, 1, 6.0f, 256.0f, 0, 0, 1, 1, "amax",
      "block_amax global_amax", 7u, "W4A16_NVFP4", "NVFP4", "nvfp4-pack-quantized", 4, 16, "tensor_group",
      "torch.float8_e4m3fn", "local", "static_minmax", 1,
      {"weight", "weight_scale", "weight_scale_2", "input_scale"},
      {"weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"}},
-    {NB_FMT_MXFP8, "mxfp8", NB_FMT_MXFP8, 32, NB_E4M3, NB_E4M3, NB_U8, 0, 448.0f, 0.0f, 0, 1, 0, "", NULL, 1u,
+    {NB_FMT_MXFP8, "mxfp8", NB_FMT_MXFP8, 32, NB_E4M3, NB_E4M3, NB_U8, 0, 448.0f, 0.0f, 0, 1, 0, 0, "", NULL, 1u,
      "MXFP8", "MXFP8", "mxfp8-quantized", 8, 32, "group", "torch.uint8", "true", NULL, 0,
      {"weight", "weight_scale", NULL, "input_scale"}, {"weight", "weight_scale", NULL, "input_scale"}},
-    {NB_FMT_FP8_TENSOR, "fp8", NB_FMT_FP8_TENSOR, 0, NB_E4M3, NB_E4M3, NB_F32, 0, 448.0f, 0.0f, 0, 1, 1, "amax",
+    {NB_FMT_FP8_TENSOR, "fp8", NB_FMT_FP8_TENSOR, 0, NB_E4M3, NB_E4M3, NB_F32, 0, 448.0f, 0.0f, 0, 1, 1, 0, "amax",
      NULL, 3u, "FP8", "FP8", "float-quantized", 8, 0, "tensor", NULL, "false", "static_minmax", 0,
      {"weight", "weight_scale", NULL, "input_scale"}, {"weight", "weight_scale", NULL, "input_scale"}},
-    {NB_FMT_FP8_CHANNEL, "fp8_channel", NB_FMT_FP8_CHANNEL, 0, NB_E4M3, NB_E4M3, NB_F32, 0, 448.0f, 0.0f, 1, 0, 0,
+    {NB_FMT_FP8_CHANNEL, "fp8_channel", NB_FMT_FP8_CHANNEL, 0, NB_E4M3, NB_E4M3, NB_F32, 0, 448.0f, 0.0f, 1, 0, 0, 0,
      "amax", NULL, 3u, "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PER_CHANNEL_PER_TOKEN", "float-quantized", 8, 0, "channel",
      NULL, "false", "static_minmax", 0,
      {"weight", "weight_scale", NULL, "input_scale"}, {"weight", "weight_scale", NULL, "input_scale"}},
@@ -89,6 +89,7 @@ static void test_format_rows(void) {
         CHECK_EQ_INT(d->per_row, WANT[i].per_row);
         CHECK_EQ_INT(d->input_ok, WANT[i].input_ok);
         CHECK_EQ_INT(d->groupable, WANT[i].groupable);
+        CHECK_EQ_INT(d->fuse_weights, WANT[i].fuse);
         CHECK_STR(d->state_dynamic, WANT[i].st_dyn);
         CHECK_STR(d->state_static, WANT[i].st_static);
         CHECK_EQ_INT(d->calib_methods, WANT[i].calib);

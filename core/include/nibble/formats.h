@@ -28,7 +28,8 @@ typedef struct nb_format_desc {
     float scale_norm;             /* NVFP4: the largest block scale (448, or 256 for four_over_six); 0 otherwise */
     int32_t per_row;              /* one scale per output row (amax F32 [..., 1]) */
     int32_t input_ok;             /* can quantize activations (an input quantizer) */
-    int32_t groupable;            /* fused siblings share its per-tensor amax (one weight_scale_2 / weight_scale) */
+    int32_t groupable;            /* fused siblings can share its per-tensor amax (one weight_scale_2 / input_scale) */
+    int32_t fuse_weights;         /* ModelOpt fuses sibling weights' amax (NVFP4; plain FP8 keeps one scale each) */
     const char *state_dynamic;    /* calibrated state of a dynamic quantizer: "amax", or "" (none: MXFP8) */
     const char *state_static;     /* of a static one: "block_amax global_amax"; NULL = no static form */
     uint32_t calib_methods;       /* bit (1u << nb_calib_method) for each calibration its quantizers search */

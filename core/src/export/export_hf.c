@@ -123,7 +123,6 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, nb_qmodel *qm, cons
     if (s) return s;
     int ct = o->layout == NB_LAYOUT_COMPRESSED_TENSORS;
     const nb_format_desc *d = nb_format_desc_of((nb_qformat)q->spec.weight_format);
-    int32_t f = d->id;
     nb_tensor *extra = NULL;
     if (d->has_scale2) {
         s = add_named(ctx, w, qm, o, q->name, ct ? d->ct_weight : d->mo_weight, qt->data);
@@ -136,14 +135,14 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, nb_qmodel *qm, cons
             nb_tensor_release(extra);
             extra = NULL;
         }
-    } else if (f == NB_FMT_FP8_TENSOR && ct) {
+    } else if (ct && d->block_size == 0 && !d->per_row) {   /* FP8 per tensor */
         float sc = *(const float *)nb_tensor_data(qt->scale);
         s = add_named(ctx, w, qm, o, q->name, "weight", qt->data);
         if (!s) s = scalar_f32(ctx, sc, 1, ct_fp8_scale_dtype(), &extra);
         if (!s) s = add_named(ctx, w, qm, o, q->name, "weight_scale", extra);
         nb_tensor_release(extra);
         extra = NULL;
-    } else if (f == NB_FMT_FP8_CHANNEL && ct) {
+    } else if (ct && d->per_row) {   /* FP8 per channel */
         /* CT's channel strategy: weight_scale [o, 1] (it broadcasts over columns) */
         nb_tensor *conv = NULL;
         int64_t shape[2] = {q->info.out_features, 1};

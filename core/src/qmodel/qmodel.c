@@ -202,7 +202,10 @@ void nb_qmodel_attn_name(int64_t layer, char *buf, size_t cap) {
 
 nb_status nb_qmodel_set_kv(nb_ctx *ctx, nb_qmodel *qm, int32_t format) {
     if (qm->calibrating) return nb_fail(ctx, NB_ERR_INVALID, "KV cache quantization cannot change during calibration");
-    if (format != NB_FMT_NONE && format != NB_FMT_FP8_TENSOR) {
+    int known = format == NB_FMT_NONE;   /* a KV preset's format (nibble/formats.h) */
+    for (int i = 0; i < nb_preset_count(); i++)
+        known |= nb_preset_at(i)->kind == NB_PRESET_KV && (int32_t)nb_preset_at(i)->weight_format == format;
+    if (!known) {
         const nb_qformat_traits *t = nb_qformat_info((nb_qformat)format);
         return nb_fail(ctx, NB_ERR_INVALID, "KV cache format %s is not supported (only fp8: one FP8 E4M3 scale per "
                        "layer for K and for V, ModelOpt's FP8 KV cache)", t ? t->name : "?");
@@ -284,7 +287,8 @@ nb_status nb_qmodel_fuse_siblings(nb_ctx *ctx, nb_qmodel *qm, int64_t *n_groups)
             snprintf(label, sizeof label, "model.layers.%lld.%s", (long long)layer, labels[set]);
             /* ModelOpt skips the fusion for plain FP8 weights (each keeps its weight_scale; vLLM
              * requantizes to the max at load); their input scales are equal anyway (one input) */
-            if (members[0]->spec.weight_format != NB_FMT_FP8_TENSOR && !nb_quantizer_group(members[0]->wq)) {
+            if (nb_format_desc_of((nb_qformat)members[0]->spec.weight_format)->fuse_weights &&
+                !nb_quantizer_group(members[0]->wq)) {
                 nb_status s = make_group(ctx, members, n, 0, label, &made);
                 if (s) return s;
             }
@@ -466,7 +470,7 @@ nb_status nb_qmodel_calibrate_weights(nb_ctx *ctx, nb_qmodel *qm, const nb_calib
             /* the second pass searches an amax: four_over_six is NVFP4's per-block choice, and MXFP8
              * has no calibrated amax at all (its block scales come from the data), so both keep max */
             if (pass == 1 && t->block_size == 0 && cfg->method == NB_CALIB_FOUR_OVER_SIX) continue;
-            if (pass == 1 && q->spec.weight_format == NB_FMT_MXFP8) continue;
+            if (pass == 1 && !nb_format_desc_of((nb_qformat)q->spec.weight_format)->state_dynamic[0]) continue;
             nb_tensor *w = nb_model_param(qm->m, q->info.weight_param);
             nb_calib *cal = NULL;
             nb_status s = nb_calib_new(ctx, q->wq, c, &cal);
