@@ -7,71 +7,61 @@
 
 #define CALIB(m) (1u << (m))
 
+/* What NVFP4 and its four_over_six variant share: the bytes on disk and how both layouts describe them
+ * (FORMATS §1.5, §2.4, §3.2, §4.1). */
+#define NVFP4_ON_DISK                                                                                             \
+    .disk_format = NB_FMT_NVFP4, .block_size = NB_NVFP4_BLOCK, .elem_dtype = NB_E2M1, .data_dtype = NB_U8,        \
+    .scale_dtype = NB_E4M3, .has_scale2 = 1, .maxbound = 6.0f, .per_row = 0, .groupable = 1, .fuse_weights = 1,   \
+    .state_dynamic = "amax", .state_static = "block_amax global_amax", .quant_algo = "W4A16_NVFP4",               \
+    .quant_algo_act = "NVFP4", .ct_format = "nvfp4-pack-quantized", .ct_num_bits = 4,                             \
+    .ct_group_size = NB_NVFP4_BLOCK, .ct_strategy = "tensor_group", .ct_scale_dtype = "torch.float8_e4m3fn",      \
+    .ct_input_dynamic = "local", .ct_input_observer = "static_minmax", .ct_inverse_scales = 1,                    \
+    .mo_weight = "weight", .mo_scale = "weight_scale", .mo_scale2 = "weight_scale_2", .mo_input = "input_scale",  \
+    .ct_weight = "weight_packed", .ct_scale = "weight_scale", .ct_scale2 = "weight_global_scale",                 \
+    .ct_input = "input_global_scale"
+
+/* The tensor names of the E4M3 formats: the same in both layouts (FORMATS §4.2, §5, §6). */
+#define E4M3_NAMES                                                                                                \
+    .mo_weight = "weight", .mo_scale = "weight_scale", .mo_scale2 = NULL, .mo_input = "input_scale",              \
+    .ct_weight = "weight", .ct_scale = "weight_scale", .ct_scale2 = NULL, .ct_input = "input_scale"
+
+/* FP8 per tensor and per row: E4M3 elements, F32 scales, compressed-tensors' float-quantized (FORMATS §6). */
+#define FP8_COMMON                                                                                                \
+    .block_size = 0, .elem_dtype = NB_E4M3, .data_dtype = NB_E4M3, .scale_dtype = NB_F32, .has_scale2 = 0,       \
+    .maxbound = 448.0f, .scale_norm = 0.0f, .fuse_weights = 0, .state_dynamic = "amax", .state_static = NULL,     \
+    .calib_methods = CALIB(NB_CALIB_MAX) | CALIB(NB_CALIB_MSE), .ct_format = "float-quantized", .ct_num_bits = 8, \
+    .ct_group_size = 0, .ct_scale_dtype = NULL, .ct_input_dynamic = "false", .ct_input_observer = "static_minmax", \
+    .ct_inverse_scales = 0, E4M3_NAMES
+
 /* clang-format off */
 static const nb_format_desc FORMATS[NB_FMT_COUNT] = {
     [NB_FMT_NVFP4] = {
         .id = NB_FMT_NVFP4, .name = "nvfp4", .summary = "E2M1 x16 + E4M3 block scale + F32 weight_scale_2",
-        .disk_format = NB_FMT_NVFP4, .block_size = NB_NVFP4_BLOCK, .elem_dtype = NB_E2M1, .data_dtype = NB_U8,
-        .scale_dtype = NB_E4M3, .has_scale2 = 1, .maxbound = 6.0f, .scale_norm = 448.0f, .per_row = 0,
-        .input_ok = 1, .groupable = 1, .fuse_weights = 1, .state_dynamic = "amax", .state_static = "block_amax global_amax",
-        .calib_methods = CALIB(NB_CALIB_MAX) | CALIB(NB_CALIB_MSE),
-        .quant_algo = "W4A16_NVFP4", .quant_algo_act = "NVFP4",
-        .ct_format = "nvfp4-pack-quantized", .ct_num_bits = 4, .ct_group_size = NB_NVFP4_BLOCK,
-        .ct_strategy = "tensor_group", .ct_scale_dtype = "torch.float8_e4m3fn", .ct_input_dynamic = "local",
-        .ct_input_observer = "static_minmax", .ct_inverse_scales = 1,
-        .mo_weight = "weight", .mo_scale = "weight_scale", .mo_scale2 = "weight_scale_2", .mo_input = "input_scale",
-        .ct_weight = "weight_packed", .ct_scale = "weight_scale", .ct_scale2 = "weight_global_scale",
-        .ct_input = "input_global_scale"},
+        NVFP4_ON_DISK, .scale_norm = 448.0f, .input_ok = 1,
+        .calib_methods = CALIB(NB_CALIB_MAX) | CALIB(NB_CALIB_MSE)},
     [NB_FMT_NVFP4_46] = {
         .id = NB_FMT_NVFP4_46, .name = "nvfp4_46",
         .summary = "four_over_six: NVFP4 bytes, each block scaled to 6 or 4, block scales normalized to 256",
-        .disk_format = NB_FMT_NVFP4, .block_size = NB_NVFP4_BLOCK, .elem_dtype = NB_E2M1, .data_dtype = NB_U8,
-        .scale_dtype = NB_E4M3, .has_scale2 = 1, .maxbound = 6.0f, .scale_norm = 256.0f, .per_row = 0,
-        .input_ok = 0, .groupable = 1, .fuse_weights = 1, .state_dynamic = "amax", .state_static = "block_amax global_amax",
-        .calib_methods = CALIB(NB_CALIB_MAX) | CALIB(NB_CALIB_MSE) | CALIB(NB_CALIB_FOUR_OVER_SIX),
-        .quant_algo = "W4A16_NVFP4", .quant_algo_act = "NVFP4",
-        .ct_format = "nvfp4-pack-quantized", .ct_num_bits = 4, .ct_group_size = NB_NVFP4_BLOCK,
-        .ct_strategy = "tensor_group", .ct_scale_dtype = "torch.float8_e4m3fn", .ct_input_dynamic = "local",
-        .ct_input_observer = "static_minmax", .ct_inverse_scales = 1,
-        .mo_weight = "weight", .mo_scale = "weight_scale", .mo_scale2 = "weight_scale_2", .mo_input = "input_scale",
-        .ct_weight = "weight_packed", .ct_scale = "weight_scale", .ct_scale2 = "weight_global_scale",
-        .ct_input = "input_global_scale"},
+        NVFP4_ON_DISK, .scale_norm = 256.0f, .input_ok = 0,
+        .calib_methods = CALIB(NB_CALIB_MAX) | CALIB(NB_CALIB_MSE) | CALIB(NB_CALIB_FOUR_OVER_SIX)},
     [NB_FMT_MXFP8] = {
         .id = NB_FMT_MXFP8, .name = "mxfp8", .summary = "E4M3 x32 + E8M0 block scale",
         .disk_format = NB_FMT_MXFP8, .block_size = NB_MXFP8_BLOCK, .elem_dtype = NB_E4M3, .data_dtype = NB_E4M3,
         .scale_dtype = NB_U8, .has_scale2 = 0, .maxbound = 448.0f, .scale_norm = 0.0f, .per_row = 0,
         .input_ok = 1, .groupable = 0, .fuse_weights = 0, .state_dynamic = "", .state_static = NULL,
-        .calib_methods = CALIB(NB_CALIB_MAX),
-        .quant_algo = "MXFP8", .quant_algo_act = "MXFP8",
+        .calib_methods = CALIB(NB_CALIB_MAX), .quant_algo = "MXFP8", .quant_algo_act = "MXFP8",
         .ct_format = "mxfp8-quantized", .ct_num_bits = 8, .ct_group_size = NB_MXFP8_BLOCK,
         .ct_strategy = "group", .ct_scale_dtype = "torch.uint8", .ct_input_dynamic = "true",
-        .ct_input_observer = NULL, .ct_inverse_scales = 0,
-        .mo_weight = "weight", .mo_scale = "weight_scale", .mo_scale2 = NULL, .mo_input = "input_scale",
-        .ct_weight = "weight", .ct_scale = "weight_scale", .ct_scale2 = NULL, .ct_input = "input_scale"},
+        .ct_input_observer = NULL, .ct_inverse_scales = 0, E4M3_NAMES},
     [NB_FMT_FP8_TENSOR] = {
         .id = NB_FMT_FP8_TENSOR, .name = "fp8", .summary = "E4M3 + one F32 weight_scale per tensor",
-        .disk_format = NB_FMT_FP8_TENSOR, .block_size = 0, .elem_dtype = NB_E4M3, .data_dtype = NB_E4M3,
-        .scale_dtype = NB_F32, .has_scale2 = 0, .maxbound = 448.0f, .scale_norm = 0.0f, .per_row = 0,
-        .input_ok = 1, .groupable = 1, .fuse_weights = 0, .state_dynamic = "amax", .state_static = NULL,
-        .calib_methods = CALIB(NB_CALIB_MAX) | CALIB(NB_CALIB_MSE),
-        .quant_algo = "FP8", .quant_algo_act = "FP8",
-        .ct_format = "float-quantized", .ct_num_bits = 8, .ct_group_size = 0,
-        .ct_strategy = "tensor", .ct_scale_dtype = NULL, .ct_input_dynamic = "false",
-        .ct_input_observer = "static_minmax", .ct_inverse_scales = 0,
-        .mo_weight = "weight", .mo_scale = "weight_scale", .mo_scale2 = NULL, .mo_input = "input_scale",
-        .ct_weight = "weight", .ct_scale = "weight_scale", .ct_scale2 = NULL, .ct_input = "input_scale"},
+        .disk_format = NB_FMT_FP8_TENSOR, FP8_COMMON, .per_row = 0, .input_ok = 1, .groupable = 1,
+        .quant_algo = "FP8", .quant_algo_act = "FP8", .ct_strategy = "tensor"},
     [NB_FMT_FP8_CHANNEL] = {
         .id = NB_FMT_FP8_CHANNEL, .name = "fp8_channel", .summary = "E4M3 + one F32 weight_scale per output row",
-        .disk_format = NB_FMT_FP8_CHANNEL, .block_size = 0, .elem_dtype = NB_E4M3, .data_dtype = NB_E4M3,
-        .scale_dtype = NB_F32, .has_scale2 = 0, .maxbound = 448.0f, .scale_norm = 0.0f, .per_row = 1,
-        .input_ok = 0, .groupable = 0, .fuse_weights = 0, .state_dynamic = "amax", .state_static = NULL,
-        .calib_methods = CALIB(NB_CALIB_MAX) | CALIB(NB_CALIB_MSE),
+        .disk_format = NB_FMT_FP8_CHANNEL, FP8_COMMON, .per_row = 1, .input_ok = 0, .groupable = 0,
         .quant_algo = "FP8_PER_CHANNEL_PER_TOKEN", .quant_algo_act = "FP8_PER_CHANNEL_PER_TOKEN",
-        .ct_format = "float-quantized", .ct_num_bits = 8, .ct_group_size = 0,
-        .ct_strategy = "channel", .ct_scale_dtype = NULL, .ct_input_dynamic = "false",
-        .ct_input_observer = "static_minmax", .ct_inverse_scales = 0,
-        .mo_weight = "weight", .mo_scale = "weight_scale", .mo_scale2 = NULL, .mo_input = "input_scale",
-        .ct_weight = "weight", .ct_scale = "weight_scale", .ct_scale2 = NULL, .ct_input = "input_scale"},
+        .ct_strategy = "channel"},
 };
 
 /* The recipe presets, in --help order (FORMATS §3.2 for the ModelOpt presets they mirror). */
