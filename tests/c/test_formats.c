@@ -1,9 +1,12 @@
 /* The format and preset descriptor tables (nibble/formats.h): every field of every row against the
  * values FORMATS.md gives (spelled out again here, independently of the table), the traits table's
  * numbers agreeing with them, the on-disk dtypes and the calibrated state a real quantize / calibration
- * produces, the aliases, the calibration algorithm names, and what four_over_six does to each preset. */
+ * produces, the aliases, the calibration algorithm names, what four_over_six does to each preset, and the
+ * read-back's recognition of stored modules (and its messages), which it takes from the rows. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nbtest.h"
 
@@ -264,12 +267,102 @@ static void test_aliases_and_algorithms(void) {
     CHECK_EQ_INT(nb_calib_method_from_name(NULL), -1);
 }
 
+/* ---- read-back: which row a stored module matches, and the messages, from the rows ----------------- */
+
+/* One module "m" written with these tensors, then probed (nb_readback_probe). The lines below are what
+ * the read-back gave before it read the rows (the same program against the previous libnibble). */
+typedef struct { const char *name; nb_dtype dt; int nd; int64_t sh[2]; float v; } pc_t;
+typedef struct { const char *label; int n; pc_t t[4]; } pcase_t;
+static const pcase_t PCASES[] = {
+    {"nvfp4 no scale2", 2, {{"m.weight", NB_U8, 2, {4, 8}, 0}, {"m.weight_scale", NB_E4M3, 2, {4, 1}, 1}}},
+    {"nvfp4 bad scale", 3, {{"m.weight", NB_U8, 2, {4, 8}, 0}, {"m.weight_scale", NB_E4M3, 2, {4, 2}, 1},
+                            {"m.weight_scale_2", NB_F32, 0, {0, 0}, 0.5f}}},
+    {"nvfp4 ct", 4, {{"m.weight_packed", NB_U8, 2, {4, 8}, 0}, {"m.weight_scale", NB_E4M3, 2, {4, 1}, 1},
+                     {"m.weight_global_scale", NB_F32, 1, {1, 0}, 4.0f}, {"m.input_global_scale", NB_F32, 1, {1, 0}, 8.0f}}},
+    {"nvfp4 mo w4a4", 4, {{"m.weight", NB_U8, 2, {4, 8}, 0}, {"m.weight_scale", NB_E4M3, 2, {4, 1}, 1},
+                     {"m.weight_scale_2", NB_F32, 0, {0, 0}, 0.25f}, {"m.input_scale", NB_F32, 0, {0, 0}, 0.125f}}},
+    {"mxfp8 bad", 2, {{"m.weight", NB_E4M3, 2, {4, 64}, 0}, {"m.weight_scale", NB_U8, 2, {4, 3}, 1}}},
+    {"mxfp8 e8m0", 2, {{"m.weight", NB_E4M3, 2, {4, 64}, 0}, {"m.weight_scale", NB_E8M0, 2, {4, 2}, 1}}},
+    {"mxfp8 1d", 2, {{"m.weight", NB_E4M3, 2, {4, 64}, 0}, {"m.weight_scale", NB_U8, 1, {8, 0}, 1}}},
+    {"fp8 3 scales", 2, {{"m.weight", NB_E4M3, 2, {4, 8}, 0}, {"m.weight_scale", NB_F32, 1, {3, 0}, 1}}},
+    {"fp8 ct bf16", 3, {{"m.weight", NB_E4M3, 2, {4, 8}, 0}, {"m.weight_scale", NB_BF16, 1, {1, 0}, 1},
+                        {"m.input_scale", NB_BF16, 1, {1, 0}, 2.0f}}},
+    {"fp8 channel", 2, {{"m.weight", NB_E4M3, 2, {4, 8}, 0}, {"m.weight_scale", NB_F32, 1, {4, 0}, 1}}},
+    {"fp8 mo", 3, {{"m.weight", NB_E4M3, 2, {4, 8}, 0}, {"m.weight_scale", NB_F32, 0, {0, 0}, 1},
+                   {"m.input_scale", NB_F32, 0, {0, 0}, 3.0f}}},
+    {"e4m3 scales", 2, {{"m.weight", NB_E4M3, 2, {4, 8}, 0}, {"m.weight_scale", NB_E4M3, 2, {4, 1}, 1}}},
+    {"u8 float scale", 2, {{"m.weight", NB_U8, 2, {4, 8}, 0}, {"m.weight_scale", NB_F32, 0, {0, 0}, 1}}},
+    {"fp8 weight + input_global_scale", 3, {{"m.weight", NB_E4M3, 2, {4, 8}, 0}, {"m.weight_scale", NB_F32, 0, {0, 0}, 1},
+                   {"m.input_global_scale", NB_F32, 0, {0, 0}, 4.0f}}},
+};
+
+/* writes case c to path and probes it into a line "label: format layout input_format input_scale | error" */
+static void probe_case(nb_ctx *c, const pcase_t *pc, const char *path, char *line, size_t cap) {
+    nb_st_writer *w = NULL;
+    nb_st_writer_new(c, &w);
+    for (int i = 0; i < pc->n; i++) {
+        nb_tensor *t = NULL;
+        int64_t sh[2] = {pc->t[i].sh[0], pc->t[i].sh[1]};
+        nb_tensor_new(c, pc->t[i].dt, pc->t[i].nd, sh, &t);
+        if (pc->t[i].v != 0 && nb_tensor_numel(t) >= 1) {
+            float f = pc->t[i].v;
+            nb_convert(nb_tensor_data(t), pc->t[i].dt, &f, NB_F32, 1);
+        }
+        nb_st_writer_add(c, w, pc->t[i].name, t);
+        nb_tensor_release(t);
+    }
+    nb_st_writer_write(c, w, path);
+    nb_st_writer_free(w);
+    nb_st *st = NULL;
+    nb_st_open(c, path, &st);
+    nb_readback_info info;
+    nb_status s = nb_readback_probe(c, st, "m", &info);
+    if (s) snprintf(line, cap, "%s: error %d %s", pc->label, (int)s, nb_ctx_last_error(c));
+    else snprintf(line, cap, "%s: format %d layout %d input %d scale %g", pc->label, (int)info.format, (int)info.layout,
+                  (int)info.input_format, (double)info.input_scale);
+    nb_ctx_clear_error(c);
+    nb_st_close(st);
+}
+
+static const char *const PROBE_WANT[] = {
+    "nvfp4 no scale2: error -4 m: NVFP4 weight without weight_scale_2 (ModelOpt) or weight_global_scale (compressed-tensors)",
+    "nvfp4 bad scale: error -4 m: NVFP4 weight_scale must be [4, 1]",
+    "nvfp4 ct: format 1 layout 1 input 1 scale 0.125",
+    "nvfp4 mo w4a4: format 1 layout 0 input 1 scale 0.125",
+    "mxfp8 bad: error -4 m: MXFP8 weight_scale must be [4, 2]",
+    "mxfp8 e8m0: format 3 layout 0 input 0 scale 0",
+    "mxfp8 1d: error -5 m: weight F8_E4M3 with weight_scale U8 is not a layout nibble reads",
+    "fp8 3 scales: error -4 m: FP8 weight_scale has 3 values (1 or one per row expected)",
+    "fp8 ct bf16: format 4 layout 1 input 4 scale 2",
+    "fp8 channel: format 5 layout 0 input 0 scale 0",
+    "fp8 mo: format 4 layout 0 input 4 scale 3",
+    "e4m3 scales: error -5 m: weight F8_E4M3 with weight_scale F8_E4M3 is not a layout nibble reads",
+    "u8 float scale: error -5 m: weight U8 with weight_scale F32 is not a layout nibble reads",
+    "fp8 weight + input_global_scale: format 4 layout 0 input 1 scale 0.25",
+};
+
+static void test_readback_rows(void) {
+    char dir[] = "/tmp/nb_test_formats_XXXXXX", path[256], line[1024];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    int n = (int)(sizeof PCASES / sizeof PCASES[0]);
+    CHECK_EQ_INT(n, (int)(sizeof PROBE_WANT / sizeof PROBE_WANT[0]));
+    for (int i = 0; i < n; i++) {
+        probe_case(ctx, &PCASES[i], path, line, sizeof line);
+        const char *got = line;
+        CHECK_STR(got, PROBE_WANT[i]);
+    }
+    remove(path);
+    rmdir(dir);
+}
+
 int main(void) {
     CHECK_OK(ctx, nb_ctx_new(0, &ctx));
     test_format_rows();
     test_rows_match_behaviour();
     test_presets();
     test_aliases_and_algorithms();
+    test_readback_rows();
     nb_ctx_release(ctx);
     return nbt_done("test_formats");
 }
