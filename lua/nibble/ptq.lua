@@ -74,39 +74,15 @@ end
 
 -- ---- presets -> qmodel specs -----------------------------------------------------------------------
 
--- spec_of(preset [, opts]): the qmodel spec of a recipe preset (recipe.presets[name]).
+-- spec_of(preset [, opts]): the qmodel spec of a recipe preset (recipe.presets[name]: its weight format,
+-- static or dynamic, input format); opts.floor is MXFP8's OCP exponent rule.
 function M.spec_of(p, opts)
   opts = opts or {}
-  local s = {}
-  if p.format == "nvfp4" then
-    s.weight = p.four_over_six and "nvfp4_46" or "nvfp4"
-    s.static = p.weight == "static" or nil
-  elseif p.format == "mxfp8" then
-    s.weight = "mxfp8"
-    s.floor = opts.floor or nil
-  elseif p.format == "fp8" then
-    s.weight = p.weight == "per_channel" and "fp8_channel" or "fp8"
-  else
-    fail("ptq: preset format " .. tostring(p.format) .. " has no quantizer")
-  end
-  if p.input then s.input = p.input end
+  if not p.weight_format then fail("ptq: preset " .. tostring(p.name) .. " has no quantizer") end
+  local s = { weight = p.weight_format, static = p.static or nil, input = p.input }
+  if p.weight_format == "mxfp8" then s.floor = opts.floor or nil end
   if opts.pass_through_bwd ~= nil then s.pass_through_bwd = opts.pass_through_bwd end
   return s
-end
-
--- ---- validation before compute ---------------------------------------------------------------------
-
-local function check_algorithm(r, plan)
-  local algo = r.algorithm or "max"
-  if algo == "four_over_six" then
-    for _, e in ipairs(plan) do
-      if e.preset and e.preset.format == "nvfp4" and not e.preset.four_over_six then
-        error(("recipe: algorithm four_over_six needs the nvfp4_4o6 preset, but %s is %s (use format nvfp4_4o6, "
-               .. "or algorithm max / mse)"):format(e.name, e.format), 0)
-      end
-    end
-  end
-  return algo
 end
 
 -- kv_of(r): the KV cache preset a (validated) recipe asks for, or nil.
@@ -403,17 +379,18 @@ function M.run(r, args, opts)
   if opts.dry_run and not opts.model then
     -- a plan needs the module list only: the config and file headers, no weights (result.model is nil)
     if type(mpath) ~= "string" then fail("ptq: the recipe needs model.path (a Hugging Face directory or a .gguf)") end
-    local plan = recipe.resolve(r, require("nibble.model").modules_of(mpath))
-    local algorithm = check_algorithm(r, plan)
+    local plan, notes = recipe.resolve(r, require("nibble.model").modules_of(mpath))
+    local algorithm = r.algorithm or "max"   -- resolve chose each preset's variant for it
     check_seq_len(r, plan, require("nibble.model").read_config(mpath))
-    return { recipe = r, plan = plan, algorithm = algorithm }
+    return { recipe = r, plan = plan, notes = notes, algorithm = algorithm }
   end
   local model = opts.model or M.load_model(mpath)
-  local plan = recipe.resolve(r, M.modules(model))
-  local algorithm = check_algorithm(r, plan)
+  local plan, notes = recipe.resolve(r, M.modules(model))
+  local algorithm = r.algorithm or "max"   -- resolve chose each preset's variant for it
   check_seq_len(r, plan, model.config)
-  local result = { recipe = r, plan = plan, model = model, algorithm = algorithm }
+  local result = { recipe = r, plan = plan, notes = notes, model = model, algorithm = algorithm }
   if opts.dry_run then return result end
+  for _, n in ipairs(notes) do log("recipe: %s", n) end
 
   local qm = qmodel.new(model)
   result.qmodel = qm

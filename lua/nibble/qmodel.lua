@@ -35,16 +35,12 @@ local function qp(self)
   return p
 end
 
--- formats by name: the quant helper's names plus the recipe spellings
-local format_alias = { none = 0, nvfp4 = C.NB_FMT_NVFP4, nvfp4_46 = C.NB_FMT_NVFP4_46, nvfp4_4o6 = C.NB_FMT_NVFP4_46,
-                       four_over_six = C.NB_FMT_NVFP4_46, mxfp8 = C.NB_FMT_MXFP8, fp8 = C.NB_FMT_FP8_TENSOR,
-                       fp8_tensor = C.NB_FMT_FP8_TENSOR, fp8_channel = C.NB_FMT_FP8_CHANNEL,
-                       fp8_per_channel = C.NB_FMT_FP8_CHANNEL }
-local format_name = {}
-for f = 0, C.NB_FMT_COUNT - 1 do
-  local tr = C.nb_qformat_info(f)
-  if tr ~= nil then format_name[f] = ffi.string(tr.name) end
-end
+-- formats by name (every spelling nibble/formats.h accepts) and by id
+local formats = require("nibble.formats")
+local format_alias = formats.format_ids
+
+local format_name = { [0] = "none" }
+for id, e in pairs(formats.by_id) do format_name[id] = e.name end
 M.format_name = format_name
 
 local function to_format(x, what)
@@ -61,13 +57,15 @@ local function to_format(x, what)
 end
 M.format = to_format
 
-local calib_methods = { max = C.NB_CALIB_MAX, mse = C.NB_CALIB_MSE, four_over_six = C.NB_CALIB_FOUR_OVER_SIX }
+local calib_methods = formats.algorithms
 
 -- calib_config("max" | "mse" | "four_over_six" | {method =, start =, stop =, step =, metric =})
 local function calib_config(a)
   if type(a) ~= "table" then a = { method = a or "max" } end
   local m = calib_methods[a.method or "max"]
-  if m == nil then fail(("unknown calibration algorithm %s (max, mse, four_over_six)"):format(tostring(a.method))) end
+  if m == nil then
+    fail(("unknown calibration algorithm %s (%s)"):format(tostring(a.method), table.concat(formats.algorithm_names, ", ")))
+  end
   local cfg = ffi.new("nb_calib_config")
   C.nb_calib_config_init(cfg, m)
   if a.start then cfg.start_multiplier = a.start end
@@ -235,14 +233,24 @@ end
 function QModel:set_kv(fmt)
   local f = C.NB_FMT_NONE
   if fmt ~= nil and fmt ~= false and fmt ~= "none" then
-    if fmt ~= "fp8" then fail(("qmodel:set_kv: unknown KV cache format %s (fp8, or nil for none)"):format(tostring(fmt))) end
-    f = C.NB_FMT_FP8_TENSOR
+    local kv = formats.kv_presets[fmt]
+    if not kv then
+      local names = {}
+      for k in pairs(formats.kv_presets) do names[#names + 1] = k end
+      table.sort(names)
+      fail(("qmodel:set_kv: unknown KV cache format %s (%s, or nil for none)"):format(tostring(fmt), table.concat(names, ", ")))
+    end
+    f = formats.format_ids[kv.weight_format]
   end
   check(C.nb_qmodel_set_kv(ctx(), qp(self), f))
   return self
 end
 function QModel:kv_format()
-  return C.nb_qmodel_kv_format(qp(self)) == C.NB_FMT_FP8_TENSOR and "fp8" or nil
+  local f = tonumber(C.nb_qmodel_kv_format(qp(self)))
+  for name, kv in pairs(formats.kv_presets) do
+    if formats.format_ids[kv.weight_format] == f then return name end
+  end
+  return nil
 end
 function QModel:kv_quantizer(layer, which)
   if which ~= "k" and which ~= "v" then fail("qmodel:kv_quantizer(layer, which): which is \"k\" or \"v\"") end
@@ -430,7 +438,9 @@ function M.activations(model, path, opts)
   local st = ffi.gc(out[0], C.nb_st_close)
   local qm, n, nkv = nil, 0, 0
   local info = ffi.new("nb_readback_info")
-  local mul = { [tonumber(C.NB_FMT_NVFP4)] = 6 * 448, [tonumber(C.NB_FMT_FP8_TENSOR)] = 448 }
+  -- an input scale is amax / (maxbound * largest block scale), or amax / maxbound for a per-tensor format
+  local mul = {}
+  for id, e in pairs(formats.by_id) do mul[id] = e.maxbound * (e.scale_norm > 0 and e.scale_norm or 1) end
   local ok, err = pcall(function()
     local probe = M.new(model)
     for i = 1, probe:count() do
@@ -438,7 +448,7 @@ function M.activations(model, path, opts)
       check(C.nb_readback_probe(ctx(), st, name, info))
       if info.input_format ~= C.NB_FMT_NONE then
         qm = qm or probe
-        local wf = info.format == C.NB_FMT_FP8_CHANNEL and "fp8_channel" or format_name[tonumber(info.format)]
+        local wf = format_name[tonumber(info.format)]
         qm:set(name, { weight = wf, input = format_name[tonumber(info.input_format)] })
         local p = qp(qm)
         -- the weights are already what shipped: only the activations are quantized now

@@ -78,8 +78,10 @@ local function to_format(x)
   if type(x) == "number" and format_names[x] then return x end
   local f = type(x) == "string" and C.nb_qformat_from_name(x) or -1
   if f <= 0 then
-    fail(("unknown quantization format %s (one of %s; nvfp4_4o6 and four_over_six name nvfp4_46)")
-      :format(tostring(x), table.concat(Q.formats, ", ")))
+    local aliases = {}
+    for _, a in ipairs(require("nibble.formats").aliases) do aliases[#aliases + 1] = a.alias .. " = " .. a.format end
+    fail(("unknown quantization format %s (one of %s; %s)")
+      :format(tostring(x), table.concat(Q.formats, ", "), table.concat(aliases, ", ")))
   end
   return f
 end
@@ -335,7 +337,7 @@ function Quantizer:reset()
   return self
 end
 
-local methods = { max = C.NB_CALIB_MAX, mse = C.NB_CALIB_MSE, four_over_six = C.NB_CALIB_FOUR_OVER_SIX }
+local methods = require("nibble.formats").algorithms
 
 Observer.__index = Observer
 
@@ -352,7 +354,10 @@ local function new_observer(fn, self, method, opts)
   argcheck(fn, "option 'metric'", opts.metric, "string", true)
   method = method or ((self.format == "nvfp4_46" and self.static) and "four_over_six" or "max")
   local m = methods[method]
-  if m == nil then fail(("%s: unknown calibration method %s (max, mse, four_over_six)"):format(fn, tostring(method))) end
+  if m == nil then
+    fail(("%s: unknown calibration method %s (%s)"):format(fn, tostring(method),
+      table.concat(require("nibble.formats").algorithm_names, ", ")))
+  end
   local cfg = ffi.new("nb_calib_config")
   C.nb_calib_config_init(cfg, m)
   if opts.start then cfg.start_multiplier = opts.start end

@@ -1,7 +1,9 @@
 -- Recipes: load a recipe file (declarative table or imperative script), compose it with `extends`,
 -- validate every key before any compute, and resolve the ordered quantization rules against a
 -- model's modules into a plan (each module's format, or the reason it is excluded).
--- Pure Lua: no FFI here, so the matcher and validation are testable without a model.
+-- The formats, presets and calibration algorithms are libnibble's descriptors (nibble.formats).
+
+local formats = require("nibble.formats")
 
 local U = require("nibble.util")
 local S = require("nibble.qad_settings")
@@ -9,32 +11,19 @@ local S = require("nibble.qad_settings")
 local M = {}
 
 ---------------------------------------------------------------------------------------------------
--- presets: what each named format means for a linear module
+-- presets: what each named format means for a linear module (rows of nibble/formats.h)
 ---------------------------------------------------------------------------------------------------
 
-M.presets = {
-  nvfp4_w4a16   = { format = "nvfp4", block = 16, weight = "dynamic", input = nil,
-                    quant_algo = "W4A16_NVFP4" },
-  nvfp4         = { format = "nvfp4", block = 16, weight = "dynamic", input = "nvfp4",
-                    quant_algo = "NVFP4" },
-  nvfp4_static  = { format = "nvfp4", block = 16, weight = "static", input = nil,
-                    quant_algo = "W4A16_NVFP4" },
-  nvfp4_4o6     = { format = "nvfp4", block = 16, weight = "static", four_over_six = true, input = nil,
-                    quant_algo = "W4A16_NVFP4" },
-  nvfp4_4o6_a4  = { format = "nvfp4", block = 16, weight = "static", four_over_six = true, input = "nvfp4",
-                    quant_algo = "NVFP4" },
-  mxfp8         = { format = "mxfp8", block = 32, weight = "dynamic", input = nil, quant_algo = "MXFP8" },
-  fp8           = { format = "fp8", block = 0, weight = "per_tensor", input = "fp8", quant_algo = "FP8" },
-  fp8_per_channel = { format = "fp8", block = 0, weight = "per_channel", input = nil,
-                      quant_algo = "FP8_PER_CHANNEL_PER_TOKEN" },
-}
+-- name -> { format, block, weight = "dynamic" | "static" | "per_tensor" | "per_channel", input, four_over_six,
+-- quant_algo, weight_format, static, summary, variant_4o6 } (nibble.formats.presets)
+M.presets = formats.presets
 
 -- KV-cache presets are a separate key (`kv_cache = "fp8"`, or `extends = "units/kv_fp8"`), not
 -- per-module rules: FP8 E4M3 keys (after RoPE) and values with one calibrated scale per layer for each
 -- (k_scale / v_scale = amax / 448), ModelOpt's FP8_KV_CFG; false or nil leaves the cache in BF16.
-M.kv_presets = { fp8 = { format = "fp8", quant_algo = "FP8" } }
+M.kv_presets = formats.kv_presets
 
-M.algorithms = { max = true, mse = true, four_over_six = true }
+M.algorithms = formats.algorithms
 M.layouts = { modelopt = true, ["compressed-tensors"] = true }
 -- the dtype of an export's unquantized tensors (default: the source's if BF16 / F16, else bf16)
 M.export_dtypes = { bf16 = true, f16 = true, f32 = true }
@@ -440,8 +429,8 @@ function M.validate(r)
     if type(r[k]) == "table" then check_keys(r[k], allowed, "'" .. k .. "'") end
   end
   if r.algorithm and not M.algorithms[r.algorithm] then
-    error(string.format("recipe: unknown algorithm '%s'%s; known: max, mse, four_over_six", r.algorithm,
-      did_you_mean(r.algorithm, keys_of(M.algorithms))), 0)
+    error(string.format("recipe: unknown algorithm '%s'%s; known: %s", r.algorithm,
+      did_you_mean(r.algorithm, keys_of(M.algorithms)), table.concat(formats.algorithm_names, ", ")), 0)
   end
   if r.export and r.export.layout and not M.layouts[r.export.layout] then
     error(string.format("recipe: unknown export layout '%s'%s; known: modelopt, compressed-tensors",
@@ -474,11 +463,16 @@ end
 -- modules: list of { name = "model.layers.0.mlp.down_proj", kind = "linear"|"embedding"|"norm",
 --                    in_features = 172, out_features = 64, tied = bool (lm_head tied to embeddings) }
 -- Returns the plan: one entry per module, in model order:
---   { name, kind, format = preset name or nil, preset = M.presets[...], rule = index, reason = string }
+--   { name, kind, format = preset name or nil, preset = M.presets[...], rule = index, reason = string },
+-- and the notes: one line for each rule that its modules' shapes let apply to some of them but not all
+-- (what a run reports). The recipe's algorithm picks each preset's variant for it (four_over_six turns
+-- the NVFP4 presets into their 4/6 presets). A rule of the recipe's own that matches modules but can
+-- apply to none of them (their widths, a tied lm_head) is an error naming it, as one that matches nothing is.
 function M.resolve(r, modules)
   local rules = M.validate(r)
   local hits = {}
   local plan = {}
+  local won, skips = {}, {}   -- rule index -> modules it won / {name, why} it could not apply to
   for _, m in ipairs(modules) do
     local entry = { name = m.name, kind = m.kind, in_features = m.in_features, out_features = m.out_features }
     if m.kind ~= "linear" then
@@ -491,6 +485,13 @@ function M.resolve(r, modules)
           chosen = rule
         end
       end
+      if chosen and chosen.format then won[chosen.index] = (won[chosen.index] or 0) + 1 end
+      local function skip(why)
+        local t = skips[chosen.index] or {}
+        t[#t + 1] = { name = m.name, why = why }
+        skips[chosen.index] = t
+        entry.reason = why
+      end
       if not chosen then
         entry.reason = "no rule matches"
       elseif chosen.format == false then
@@ -498,25 +499,26 @@ function M.resolve(r, modules)
       elseif m.tied and chosen.format then
         -- a tied lm_head is the embedding matrix: quantizing it would quantize the embeddings too
         if is_wildcard(chosen.glob) then
-          entry.reason = "tied to model.embed_tokens (not quantized)"
+          skip("tied to model.embed_tokens (not quantized)")
         else
           error(string.format("recipe: %s '%s' asks to quantize %s, but it is tied to the embeddings "
             .. "(tie_word_embeddings); untie it first or drop the rule", chosen.label, chosen.glob, m.name), 0)
         end
       else
-        local p = M.presets[chosen.format]
+        local name = formats.with_algorithm(chosen.format, r.algorithm)
+        local p = M.presets[name]
         local block = (chosen.opts.block or p.block)
         if block > 0 and m.in_features and m.in_features % block ~= 0 then
           local why = string.format("in_features %d is not divisible by the %s block size %d",
             m.in_features, p.format, block)
           if is_wildcard(chosen.glob) then
-            entry.reason = why
+            skip(why)
           else
             error(string.format("recipe: %s '%s' asks for %s on %s, but %s", chosen.label, chosen.glob,
               chosen.format, m.name, why), 0)
           end
         else
-          entry.format = chosen.format
+          entry.format = name
           entry.preset = p
           entry.opts = chosen.opts
           entry.rule = chosen.index
@@ -539,7 +541,27 @@ function M.resolve(r, modules)
       end
     end
   end
-  return plan
+  -- rules whose modules cannot take them: none of them (an error for the recipe's own rules), or some
+  local notes = {}
+  for _, rule in ipairs(rules) do
+    local sk = skips[rule.index]
+    if sk then
+      local n, why, names = won[rule.index], {}, {}
+      for _, e in ipairs(sk) do
+        if not why[e.why] then why[e.why] = true; why[#why + 1] = e.why end
+        if #names < 3 then names[#names + 1] = e.name end
+      end
+      local list = table.concat(names, ", ") .. (#sk > #names and string.format(" and %d more", #sk - #names) or "")
+      local head = string.format("%s '%s' (%s)", rule.label, rule.glob, rule.format)
+      if #sk == n and not rule.optional then
+        error(string.format("recipe: %s matches %d module%s but can quantize none of them: %s (%s)", head, n,
+          n == 1 and "" or "s", table.concat(why, "; "), list), 0)
+      end
+      notes[#notes + 1] = string.format("%s leaves %d of its %d module%s unquantized: %s (%s)", head, #sk, n,
+        n == 1 and "" or "s", table.concat(why, "; "), list)
+    end
+  end
+  return plan, notes
 end
 
 -- The plan as text: one line per module, then a summary by format.

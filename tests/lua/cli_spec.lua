@@ -387,6 +387,32 @@ describe("sub-commands: one-line refusals that name the path and what is wrong",
     assert.matches("^quantized 30 modules %(nvfp4, max%) %-> ", out)
   end)
 
+  it("quantize --algorithm four_over_six on an NVFP4 format runs its 4/6 variant, byte for byte; the run reports skips", function()
+    if not nbspec.need(H) then return end
+    local out, err, rc = nbspec.nibble { "quantize", "--model", H, "--format", "nvfp4_w4a16", "--algorithm", "four_over_six",
+                                         "--out", tmp .. "/alg46" }
+    assert.are.equal(0, rc, err)
+    assert.matches("^quantized 30 modules %(nvfp4_w4a16, four_over_six%) %-> ", out)
+    -- the unit's '*' rule cannot take down_proj (172 wide): the run says so, with the reason
+    assert.are.equal(1, err:find("recipe: rule 1 of units/nvfp4_w4a16 '*' (nvfp4_w4a16) leaves 5 of its 35 modules unquantized: "
+      .. "in_features 172 is not divisible by the nvfp4 block size 16 (model.layers.0.mlp.down_proj, "
+      .. "model.layers.1.mlp.down_proj, model.layers.2.mlp.down_proj and 2 more)\n", 1, true), err)
+    out, err, rc = nbspec.nibble { "quantize", "--model", H, "--format", "nvfp4_4o6", "--quiet", "--out", tmp .. "/pre46" }
+    assert.are.equal(0, rc, err)
+    assert.matches("^quantized 30 modules %(nvfp4_4o6, four_over_six%) %-> ", out)
+    for _, f in ipairs { "model.safetensors", "hf_quant_config.json", "config.json" } do
+      local a, b = nbspec.read(tmp .. "/alg46/" .. f), nbspec.read(tmp .. "/pre46/" .. f)
+      assert.is_string(a, f)
+      assert.are.equal(b, a, f)
+    end
+    -- the 4/6 scales: weight_scale_2 = G/1536, not the plain preset's G/2688
+    local plain
+    out, err, rc = nbspec.nibble { "quantize", "--model", H, "--format", "nvfp4_w4a16", "--quiet", "--out", tmp .. "/plain" }
+    assert.are.equal(0, rc, err)
+    plain = nbspec.read(tmp .. "/plain/model.safetensors")
+    assert.are_not.equal(plain, nbspec.read(tmp .. "/alg46/model.safetensors"))
+  end)
+
   it("quantize stopped by Ctrl-C during calibration: exit code 130, 'nibble: interrupted' on a line of its own", function()
     if not nbspec.need(H, V) then return end
     -- the signal is sent once the calibration log line is out (the progress line follows it)

@@ -100,10 +100,95 @@ describe("resolve", function()
       err_of(recipe.resolve, r, stories_modules()))
   end)
 
+  it("a glob rule whose every module is too narrow for its block is an error naming the rule", function()
+    local r = recipe.compose(recipe.new { extends = "units/nvfp4_w4a16", quantize = { { "*.mlp.down_proj", "nvfp4_w4a16" } } })
+    assert.equal("recipe: rule 1 '*.mlp.down_proj' (nvfp4_w4a16) matches 5 modules but can quantize none of them: "
+      .. "in_features 172 is not divisible by the nvfp4 block size 16 (model.layers.0.mlp.down_proj, "
+      .. "model.layers.1.mlp.down_proj, model.layers.2.mlp.down_proj and 2 more)", err_of(recipe.resolve, r, stories_modules()))
+    -- a tied lm_head is no place for a rule either
+    r = recipe.compose(recipe.new { quantize = { { "lm_he*", "fp8" } } })
+    assert.equal("recipe: rule 1 'lm_he*' (fp8) matches 1 module but can quantize none of them: "
+      .. "tied to model.embed_tokens (not quantized) (lm_head)", err_of(recipe.resolve, r, stories_modules()))
+  end)
+
+  it("a rule that applies to some of its modules notes the others with the reason", function()
+    local r = recipe.compose(recipe.new { extends = "units/nvfp4_w4a16", quantize = { { "*.mlp.*", "mxfp8" } } })
+    local plan, notes = recipe.resolve(r, stories_modules())
+    assert.equal("mxfp8", by_name(plan)["model.layers.3.mlp.up_proj"].format)
+    -- the unit's '*' now wins only the attention projections, which all take it
+    assert.same({
+      "rule 1 '*.mlp.*' (mxfp8) leaves 5 of its 15 modules unquantized: in_features 172 is not divisible by the "
+        .. "mxfp8 block size 32 (model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj, "
+        .. "model.layers.2.mlp.down_proj and 2 more)",
+    }, notes)
+    -- the unit alone: its '*' (5 layers x 7 projections; lm_head is a default exclusion) skips down_proj
+    _, notes = recipe.resolve(recipe.compose(recipe.new { extends = "units/nvfp4_w4a16" }), stories_modules())
+    assert.same({ "rule 1 of units/nvfp4_w4a16 '*' (nvfp4_w4a16) leaves 5 of its 35 modules unquantized: in_features "
+      .. "172 is not divisible by the nvfp4 block size 16 (model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj, "
+      .. "model.layers.2.mlp.down_proj and 2 more)" }, notes)
+    -- every module taking its rule: no notes
+    local _, none = recipe.resolve(recipe.compose(recipe.new { quantize = { { "*.self_attn.*", "fp8" } } }), stories_modules())
+    assert.same({}, none)
+  end)
+
+  it("algorithm four_over_six turns each NVFP4 preset into its 4/6 variant, and leaves the others", function()
+    for from, to in pairs { nvfp4_w4a16 = "nvfp4_4o6", nvfp4 = "nvfp4_4o6_a4", nvfp4_static = "nvfp4_4o6",
+                            nvfp4_4o6 = "nvfp4_4o6", nvfp4_4o6_a4 = "nvfp4_4o6_a4", mxfp8 = "mxfp8", fp8 = "fp8",
+                            fp8_per_channel = "fp8_per_channel" } do
+      local r = recipe.compose(recipe.new { algorithm = "four_over_six", quantize = { { "*.self_attn.*", from } } })
+      local e = by_name(recipe.resolve(r, stories_modules()))["model.layers.0.self_attn.k_proj"]
+      assert.equal(to, e.format, from)
+      assert.equal(recipe.presets[to], e.preset, from)
+    end
+    -- other algorithms keep the preset
+    local r = recipe.compose(recipe.new { algorithm = "mse", quantize = { { "*.self_attn.*", "nvfp4_w4a16" } } })
+    assert.equal("nvfp4_w4a16", by_name(recipe.resolve(r, stories_modules()))["model.layers.0.self_attn.q_proj"].format)
+  end)
+
   it("unit rules that match nothing (routers in a dense model) are fine", function()
     local r = recipe.compose(recipe.new { extends = "units/fp8" })
     local plan = recipe.resolve(r, stories_modules())
     assert.equal(#stories_modules(), #plan)
+  end)
+end)
+
+describe("presets come from libnibble's descriptor rows (nibble/formats.h)", function()
+  local ffi = require("ffi")
+  local C = require("nibble").C
+  it("every preset row, and nothing else, with its formats, quant_algo and variant", function()
+    local seen = 0
+    for i = 0, C.nb_preset_count() - 1 do
+      local d = C.nb_preset_at(i)
+      local name = ffi.string(d.name)
+      if d.kind == C.NB_PRESET_LINEAR then
+        local p = recipe.presets[name]
+        assert.is_table(p, name)
+        seen = seen + 1
+        assert.equal(ffi.string(C.nb_format_desc_of(d.weight_format).name), p.weight_format)
+        assert.equal(ffi.string(C.nb_preset_quant_algo(d)), p.quant_algo)
+        assert.equal(tonumber(C.nb_format_desc_of(d.weight_format).block_size), p.block)
+        assert.equal(ffi.string(d.weight_kind), p.weight)
+        assert.equal(d.weight_static ~= 0, p.static)
+        assert.equal(d.input_format ~= 0 and ffi.string(C.nb_format_desc_of(d.input_format).name) or nil, p.input)
+        assert.equal(d.four_over_six ~= nil and ffi.string(d.four_over_six) or nil, p.variant_4o6)
+      else
+        assert.is_table(recipe.kv_presets[name], name)
+      end
+    end
+    local n = 0
+    for _ in pairs(recipe.presets) do n = n + 1 end
+    assert.equal(seen, n)
+    -- the values FORMATS.md gives (§3.2): a few spelled out
+    assert.same({ "nvfp4", 16, "dynamic", "nvfp4", "NVFP4" }, { recipe.presets.nvfp4.format, recipe.presets.nvfp4.block,
+      recipe.presets.nvfp4.weight, recipe.presets.nvfp4.input, recipe.presets.nvfp4.quant_algo })
+    assert.same({ "nvfp4", "nvfp4_46", true, "W4A16_NVFP4" }, { recipe.presets.nvfp4_4o6.format,
+      recipe.presets.nvfp4_4o6.weight_format, recipe.presets.nvfp4_4o6.four_over_six, recipe.presets.nvfp4_4o6.quant_algo })
+    assert.equal("FP8_PER_CHANNEL_PER_TOKEN", recipe.presets.fp8_per_channel.quant_algo)
+    assert.equal("FP8", recipe.kv_presets.fp8.quant_algo)
+  end)
+
+  it("algorithms are the C calibration methods, by name", function()
+    assert.same({ max = C.NB_CALIB_MAX, mse = C.NB_CALIB_MSE, four_over_six = C.NB_CALIB_FOUR_OVER_SIX }, recipe.algorithms)
   end)
 end)
 

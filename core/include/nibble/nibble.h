@@ -19,6 +19,7 @@
 #include "nibble/model.h"
 #include "nibble/generate.h"
 #include "nibble/quant.h"
+#include "nibble/formats.h"
 #include "nibble/quant_fast.h"
 #include "nibble/quant_cuda.h"
 #include "nibble/parambuf.h"

@@ -69,8 +69,8 @@ typedef struct nb_qrow_fns {
 
 /* Traits of a format; NULL when out of range. */
 const nb_qformat_traits *nb_qformat_info(nb_qformat f);
-/* Format by name ("nvfp4", "nvfp4_46" = "nvfp4_4o6" = "four_over_six", "mxfp8", "fp8", "fp8_channel", "none");
- * -1 if unknown. */
+/* Format by name ("nvfp4", "nvfp4_46", "mxfp8", "fp8", "fp8_channel", "none") or one of the aliases
+ * nibble/formats.h lists (nb_qformat_alias); -1 if unknown. */
 int nb_qformat_from_name(const char *name);
 /* Swap a format's row functions on this context (fast paths that are bit-equal to the references;
  * NULL restores the scalar reference). Other contexts keep theirs. */

@@ -10,18 +10,14 @@
 #include <cjson/cJSON.h>
 
 #include "export/export_internal.h"
+#include "nibble/formats.h"
 
 /* ---- per-module quant_algo and the JSON ----------------------------------------------------- */
 
 const char *nbx_quant_algo_of(const nb_qspec *s) {
-    switch (s->weight_format) {
-    case NB_FMT_NVFP4:
-    case NB_FMT_NVFP4_46: return s->input_format == NB_FMT_NVFP4 ? "NVFP4" : "W4A16_NVFP4";
-    case NB_FMT_MXFP8: return "MXFP8";
-    case NB_FMT_FP8_TENSOR: return "FP8";
-    case NB_FMT_FP8_CHANNEL: return "FP8_PER_CHANNEL_PER_TOKEN";
-    default: return NULL;
-    }
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)s->weight_format);
+    if (!d) return NULL;
+    return s->input_format != NB_FMT_NONE ? d->quant_algo_act : d->quant_algo;
 }
 
 int nbx_group_size_of(const nb_qspec *s) {
@@ -109,7 +105,10 @@ int nbx_summarize_excludes(char **unq, int64_t n_unq, char **quant, int64_t n_qu
 }
 
 /* kv_cache_quant_algo of a KV format (only FP8 exists in nibble) */
-static const char *kv_algo_of(int32_t fmt) { return fmt == NB_FMT_FP8_TENSOR ? "FP8" : NULL; }
+static const char *kv_algo_of(int32_t fmt) {
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)fmt);
+    return d ? d->quant_algo : NULL;
+}
 
 cJSON *nbx_modelopt_hf_quant_config(const nb_qmodel *qm, const nbx_plan *p, const int *included, nbx_strset *excl) {
     cJSON *root = cJSON_CreateObject();
@@ -230,43 +229,31 @@ cJSON *nbx_modelopt_quantization_config(const nb_qmodel *qm, const nbx_plan *p, 
     return qc;
 }
 
-/* compressed-tensors QuantizationArgs for one side of a scheme. */
+/* compressed-tensors QuantizationArgs for one side of a scheme, from the format's row. */
 static cJSON *ct_args(int32_t fmt, int input) {
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)fmt);
     cJSON *a = cJSON_CreateObject();
-    if (fmt == NB_FMT_NVFP4 || fmt == NB_FMT_NVFP4_46) {
-        if (input) cJSON_AddStringToObject(a, "dynamic", "local");
-        else cJSON_AddFalseToObject(a, "dynamic");
-        cJSON_AddNumberToObject(a, "group_size", 16);
-        cJSON_AddNumberToObject(a, "num_bits", 4);
-        if (input) cJSON_AddStringToObject(a, "observer", "static_minmax");
-        cJSON_AddStringToObject(a, "scale_dtype", "torch.float8_e4m3fn");
-        cJSON_AddStringToObject(a, "strategy", "tensor_group");
-    } else if (fmt == NB_FMT_MXFP8) {
-        if (input) cJSON_AddTrueToObject(a, "dynamic");
-        else cJSON_AddFalseToObject(a, "dynamic");
-        cJSON_AddNumberToObject(a, "group_size", 32);
-        cJSON_AddNumberToObject(a, "num_bits", 8);
-        cJSON_AddStringToObject(a, "scale_dtype", "torch.uint8");
-        cJSON_AddStringToObject(a, "strategy", "group");
-    } else {
-        cJSON_AddFalseToObject(a, "dynamic");
-        cJSON_AddNullToObject(a, "group_size");
-        cJSON_AddNumberToObject(a, "num_bits", 8);
-        if (input) cJSON_AddStringToObject(a, "observer", "static_minmax");
-        cJSON_AddStringToObject(a, "strategy", fmt == NB_FMT_FP8_CHANNEL ? "channel" : "tensor");
-    }
+    const char *dyn = input ? d->ct_input_dynamic : "false";
+    if (strcmp(dyn, "true") == 0) cJSON_AddTrueToObject(a, "dynamic");
+    else if (strcmp(dyn, "false") == 0) cJSON_AddFalseToObject(a, "dynamic");
+    else cJSON_AddStringToObject(a, "dynamic", dyn);
+    if (d->ct_group_size > 0) cJSON_AddNumberToObject(a, "group_size", d->ct_group_size);
+    else cJSON_AddNullToObject(a, "group_size");
+    cJSON_AddNumberToObject(a, "num_bits", d->ct_num_bits);
+    if (input && d->ct_input_observer) cJSON_AddStringToObject(a, "observer", d->ct_input_observer);
+    if (d->ct_scale_dtype) cJSON_AddStringToObject(a, "scale_dtype", d->ct_scale_dtype);
+    cJSON_AddStringToObject(a, "strategy", d->ct_strategy);
     cJSON_AddTrueToObject(a, "symmetric");
     cJSON_AddStringToObject(a, "type", "float");
     return a;
 }
 
-static const char *ct_format_name(int32_t fmt) {
-    switch (fmt) {
-    case NB_FMT_NVFP4:
-    case NB_FMT_NVFP4_46: return "nvfp4-pack-quantized";
-    case NB_FMT_MXFP8: return "mxfp8-quantized";
-    default: return "float-quantized";
-    }
+static const char *ct_format_name(int32_t fmt) { return nb_format_desc_of((nb_qformat)fmt)->ct_format; }
+
+/* The format a module's bytes are stored in (four_over_six ships as NVFP4). */
+static int32_t disk_format(int32_t fmt) {
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)fmt);
+    return d ? (int32_t)d->disk_format : fmt;
 }
 
 cJSON *nbx_ct_quantization_config(const nb_qmodel *qm, const int *included, int kv) {
@@ -278,7 +265,7 @@ cJSON *nbx_ct_quantization_config(const nb_qmodel *qm, const int *included, int 
     for (int64_t i = 0; i < qm->n; i++) {
         if (!included[i]) continue;
         const nb_qspec *s = &qm->mods[i].spec;
-        int32_t w = s->weight_format == NB_FMT_NVFP4_46 ? NB_FMT_NVFP4 : s->weight_format;
+        int32_t w = disk_format(s->weight_format);
         int k;
         for (k = 0; k < ng; k++) if (wf[k] == w && inf[k] == s->input_format) break;
         if (k == ng && ng < 16) { wf[ng] = w; inf[ng] = s->input_format; ng++; }
@@ -295,7 +282,7 @@ cJSON *nbx_ct_quantization_config(const nb_qmodel *qm, const int *included, int 
         } else {
             for (int64_t i = 0; i < qm->n; i++) {
                 const nb_qspec *s = &qm->mods[i].spec;
-                int32_t w = s->weight_format == NB_FMT_NVFP4_46 ? NB_FMT_NVFP4 : s->weight_format;
+                int32_t w = disk_format(s->weight_format);
                 if (included[i] && w == wf[k] && s->input_format == inf[k])
                     cJSON_AddItemToArray(t, cJSON_CreateString(qm->mods[i].name));
             }

@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "nibble/formats.h"
 #include "export/export_internal.h"
 #include "io/durable.h"
 #include "io/json_py.h"
@@ -121,27 +122,27 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, nb_qmodel *qm, cons
     nb_status s = nb_quantizer_quantize(ctx, q->wq, wt, &qt);
     if (s) return s;
     int ct = o->layout == NB_LAYOUT_COMPRESSED_TENSORS;
-    int32_t f = q->spec.weight_format;
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)q->spec.weight_format);
     nb_tensor *extra = NULL;
-    if (f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46) {
-        s = add_named(ctx, w, qm, o, q->name, ct ? "weight_packed" : "weight", qt->data);
-        if (!s) s = add_named(ctx, w, qm, o, q->name, "weight_scale", qt->scale);
+    if (d->has_scale2) {
+        s = add_named(ctx, w, qm, o, q->name, ct ? d->ct_weight : d->mo_weight, qt->data);
+        if (!s) s = add_named(ctx, w, qm, o, q->name, ct ? d->ct_scale : d->mo_scale, qt->scale);
         if (!s) {
             float s2 = *(const float *)nb_tensor_data(qt->scale2);
             /* CT stores the inverse of ModelOpt's per-tensor scale (FORMATS §4.1) */
-            if (ct) s = scalar_f32(ctx, 1.0f / s2, 1, NB_F32, &extra);
-            if (!s) s = add_named(ctx, w, qm, o, q->name, ct ? "weight_global_scale" : "weight_scale_2", ct ? extra : qt->scale2);
+            if (ct && d->ct_inverse_scales) s = scalar_f32(ctx, 1.0f / s2, 1, NB_F32, &extra);
+            if (!s) s = add_named(ctx, w, qm, o, q->name, ct ? d->ct_scale2 : d->mo_scale2, ct ? extra : qt->scale2);
             nb_tensor_release(extra);
             extra = NULL;
         }
-    } else if (f == NB_FMT_FP8_TENSOR && ct) {
+    } else if (ct && d->block_size == 0 && !d->per_row) {   /* FP8 per tensor */
         float sc = *(const float *)nb_tensor_data(qt->scale);
         s = add_named(ctx, w, qm, o, q->name, "weight", qt->data);
         if (!s) s = scalar_f32(ctx, sc, 1, ct_fp8_scale_dtype(), &extra);
         if (!s) s = add_named(ctx, w, qm, o, q->name, "weight_scale", extra);
         nb_tensor_release(extra);
         extra = NULL;
-    } else if (f == NB_FMT_FP8_CHANNEL && ct) {
+    } else if (ct && d->per_row) {   /* FP8 per channel */
         /* CT's channel strategy: weight_scale [o, 1] (it broadcasts over columns) */
         nb_tensor *conv = NULL;
         int64_t shape[2] = {q->info.out_features, 1};
@@ -160,11 +161,11 @@ static nb_status add_quantized(nb_ctx *ctx, nb_st_writer *w, nb_qmodel *qm, cons
         float is;
         s = nb_quantizer_scale(ctx, q->iq, &is);
         if (!s) {
-            int nvfp4_in = q->spec.input_format == NB_FMT_NVFP4;
-            if (ct && nvfp4_in) s = scalar_f32(ctx, 1.0f / is, 1, NB_F32, &extra);
+            const nb_format_desc *in = nb_format_desc_of((nb_qformat)q->spec.input_format);
+            if (ct && in->ct_inverse_scales) s = scalar_f32(ctx, 1.0f / is, 1, NB_F32, &extra);
             else if (ct) s = scalar_f32(ctx, is, 1, ct_fp8_scale_dtype(), &extra);
             else s = scalar_f32(ctx, is, 0, NB_F32, &extra);
-            if (!s) s = add_named(ctx, w, qm, o, q->name, ct && nvfp4_in ? "input_global_scale" : "input_scale", extra);
+            if (!s) s = add_named(ctx, w, qm, o, q->name, ct ? in->ct_input : in->mo_input, extra);
             nb_tensor_release(extra);
         }
     }

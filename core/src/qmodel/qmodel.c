@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nibble/formats.h"
 #include "nibble/qmodel.h"
 #include "qmodel/qmodel_internal.h"
 
@@ -136,7 +137,8 @@ nb_status nb_qmodel_exclude(nb_ctx *ctx, nb_qmodel *qm, const char *name, const 
 }
 
 static int fmt_family_input_ok(int32_t f) {
-    return f == NB_FMT_NONE || f == NB_FMT_NVFP4 || f == NB_FMT_FP8_TENSOR || f == NB_FMT_MXFP8;
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)f);
+    return f == NB_FMT_NONE || (d && d->input_ok);
 }
 
 /* The dtype ModelOpt's FP8 export divides in: the weight's stored dtype (FORMATS §6.4). */
@@ -170,8 +172,7 @@ nb_status nb_qmodel_set(nb_ctx *ctx, nb_qmodel *qm, const char *name, const nb_q
     drop_quantizers(q);
     nb_quantizer_config wc;
     nb_quantizer_config_init(&wc, (nb_qformat)spec->weight_format);
-    if (spec->weight_format == NB_FMT_NVFP4 || spec->weight_format == NB_FMT_NVFP4_46)
-        wc.is_static = spec->weight_format == NB_FMT_NVFP4_46 ? 1 : spec->weight_static;
+    if (nb_format_desc_of((nb_qformat)spec->weight_format)->state_static) wc.is_static |= spec->weight_static;
     wc.mx_floor = spec->mx_floor;
     wc.pass_through_bwd = spec->pass_through_bwd;
     if (spec->weight_format == NB_FMT_FP8_TENSOR) wc.fp8_div_dtype = fp8_div_dtype_of(qm, q);
@@ -188,7 +189,7 @@ nb_status nb_qmodel_set(nb_ctx *ctx, nb_qmodel *qm, const char *name, const nb_q
         if ((s = nb_quantizer_new(ctx, qname, &ic, &q->iq))) { drop_quantizers(q); return s; }
     }
     q->spec = *spec;
-    if (spec->weight_format == NB_FMT_NVFP4_46) q->spec.weight_static = 1;
+    if (wc.is_static) q->spec.weight_static = 1;   /* four_over_six is static whatever the spec says */
     set_reason(q, NULL);
     return NB_OK;
 }
@@ -201,7 +202,10 @@ void nb_qmodel_attn_name(int64_t layer, char *buf, size_t cap) {
 
 nb_status nb_qmodel_set_kv(nb_ctx *ctx, nb_qmodel *qm, int32_t format) {
     if (qm->calibrating) return nb_fail(ctx, NB_ERR_INVALID, "KV cache quantization cannot change during calibration");
-    if (format != NB_FMT_NONE && format != NB_FMT_FP8_TENSOR) {
+    int known = format == NB_FMT_NONE;   /* a KV preset's format (nibble/formats.h) */
+    for (int i = 0; i < nb_preset_count(); i++)
+        known |= nb_preset_at(i)->kind == NB_PRESET_KV && (int32_t)nb_preset_at(i)->weight_format == format;
+    if (!known) {
         const nb_qformat_traits *t = nb_qformat_info((nb_qformat)format);
         return nb_fail(ctx, NB_ERR_INVALID, "KV cache format %s is not supported (only fp8: one FP8 E4M3 scale per "
                        "layer for K and for V, ModelOpt's FP8 KV cache)", t ? t->name : "?");
@@ -247,7 +251,8 @@ static int same_weight_kind(const nb_qmod *a, const nb_qmod *b) {
 }
 
 static int groupable(int32_t f) {
-    return f == NB_FMT_NVFP4 || f == NB_FMT_NVFP4_46 || f == NB_FMT_FP8_TENSOR;
+    const nb_format_desc *d = nb_format_desc_of((nb_qformat)f);
+    return d && d->groupable;
 }
 
 static nb_status make_group(nb_ctx *ctx, nb_qmod **members, int n, int input, const char *label, int64_t *count) {
@@ -282,7 +287,8 @@ nb_status nb_qmodel_fuse_siblings(nb_ctx *ctx, nb_qmodel *qm, int64_t *n_groups)
             snprintf(label, sizeof label, "model.layers.%lld.%s", (long long)layer, labels[set]);
             /* ModelOpt skips the fusion for plain FP8 weights (each keeps its weight_scale; vLLM
              * requantizes to the max at load); their input scales are equal anyway (one input) */
-            if (members[0]->spec.weight_format != NB_FMT_FP8_TENSOR && !nb_quantizer_group(members[0]->wq)) {
+            if (nb_format_desc_of((nb_qformat)members[0]->spec.weight_format)->fuse_weights &&
+                !nb_quantizer_group(members[0]->wq)) {
                 nb_status s = make_group(ctx, members, n, 0, label, &made);
                 if (s) return s;
             }
@@ -464,7 +470,7 @@ nb_status nb_qmodel_calibrate_weights(nb_ctx *ctx, nb_qmodel *qm, const nb_calib
             /* the second pass searches an amax: four_over_six is NVFP4's per-block choice, and MXFP8
              * has no calibrated amax at all (its block scales come from the data), so both keep max */
             if (pass == 1 && t->block_size == 0 && cfg->method == NB_CALIB_FOUR_OVER_SIX) continue;
-            if (pass == 1 && q->spec.weight_format == NB_FMT_MXFP8) continue;
+            if (pass == 1 && !nb_format_desc_of((nb_qformat)q->spec.weight_format)->state_dynamic[0]) continue;
             nb_tensor *w = nb_model_param(qm->m, q->info.weight_param);
             nb_calib *cal = NULL;
             nb_status s = nb_calib_new(ctx, q->wq, c, &cal);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nibble/formats.h"
 #include "quant/quant_internal.h"
 
 #if defined(__clang__)
@@ -42,14 +43,14 @@ struct nb_calib {
     nb_dtype xdt;         /* dtype of the first batch: a searched per-tensor/row amax is stored in it */
 };
 
+/* What the observer calibrates, from the format's row: per block (static), per row, per tensor, or
+ * nothing (a format whose scales come from the data alone). */
 static int granularity(const nb_quantizer_config *c) {
-    switch (c->format) {
-    case NB_FMT_NVFP4:
-    case NB_FMT_NVFP4_46: return c->is_static ? G_BLOCK : G_TENSOR;
-    case NB_FMT_FP8_TENSOR: return G_TENSOR;
-    case NB_FMT_FP8_CHANNEL: return G_ROW;
-    default: return G_NONE;
-    }
+    const nb_format_desc *d = nb_format_desc_of(c->format);
+    if (!d) return G_NONE;
+    if (c->is_static && d->state_static) return G_BLOCK;
+    if (!d->state_dynamic[0]) return G_NONE;
+    return d->per_row ? G_ROW : G_TENSOR;
 }
 
 void nb_calib_config_init(nb_calib_config *cfg, nb_calib_method m) {
@@ -77,13 +78,14 @@ nb_status nb_calib_new(nb_ctx *ctx, nb_quantizer *q, const nb_calib_config *cfg,
     const char *name = nb_quantizer_name(q);
     if (cfg->method != NB_CALIB_MAX && cfg->method != NB_CALIB_MSE && cfg->method != NB_CALIB_FOUR_OVER_SIX)
         return nb_fail(ctx, NB_ERR_INVALID, "calibrator for '%s': unknown method %d", name, (int)cfg->method);
-    if (cfg->method == NB_CALIB_FOUR_OVER_SIX && qc.format == NB_FMT_NVFP4_46 && !qc.is_static)
+    int takes = (nb_format_desc_of(qc.format)->calib_methods >> cfg->method) & 1u;
+    if (cfg->method == NB_CALIB_FOUR_OVER_SIX && takes && !qc.is_static)
         return nb_fail(ctx, NB_ERR_INVALID,
                        "calibrator for '%s': four_over_six calibration stores a per-block M=6/M=4 choice, which only a "
                        "static nvfp4_46 quantizer keeps; this one is dynamic (it picks per block when it quantizes), so "
                        "calibrate it with max (its global amax), or make it static",
                        name);
-    if (cfg->method == NB_CALIB_FOUR_OVER_SIX && qc.format != NB_FMT_NVFP4_46)
+    if (cfg->method == NB_CALIB_FOUR_OVER_SIX && !takes)
         return nb_fail(ctx, NB_ERR_INVALID, "calibrator for '%s': four_over_six needs a static nvfp4_46 quantizer, not %s%s",
                        name, nb_qformat_info(qc.format)->name, qc.is_static ? " static" : "");
     if (cfg->method != NB_CALIB_MAX && granularity(&qc) == G_NONE)
@@ -481,7 +483,7 @@ static nb_status store_mse(nb_ctx *ctx, nb_calib *c) {
     /* ModelOpt's metric exists on CPU for FP8 (fp8_eager) and static NVFP4 (the blockwise kernel) */
     int mo = 0;
     if (c->cfg.metric == NB_MSE_MODELOPT) {
-        if (qc.format == NB_FMT_FP8_TENSOR || qc.format == NB_FMT_FP8_CHANNEL) mo = 1;
+        if (nb_format_desc_of(qc.format)->elem_dtype == NB_E4M3 && c->gran != G_NONE) mo = 1;   /* FP8 */
         else if (c->gran == G_BLOCK) mo = 2;
     }
     float gq = 0.0f;

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "nibble/formats.h"
 #include "quant/quant_internal.h"
 
 #if defined(__clang__)
@@ -25,10 +26,12 @@ const nb_qformat_traits *nb_qformat_info(nb_qformat f) {
 
 int nb_qformat_from_name(const char *name) {
     if (!name) return -1;
-    /* the recipe preset's and the calibration algorithm's spellings of four_over_six */
-    if (strcmp(name, "four_over_six") == 0 || strcmp(name, "nvfp4_4o6") == 0) return NB_FMT_NVFP4_46;
     for (int i = 0; i < NB_FMT_COUNT; i++)
         if (strcmp(TRAITS[i].name, name) == 0) return i;
+    nb_qformat f;
+    const char *a;
+    for (int i = 0; (a = nb_qformat_alias(i, &f)) != NULL; i++)   /* the other spellings (formats.h) */
+        if (strcmp(a, name) == 0) return f;
     return -1;
 }
 

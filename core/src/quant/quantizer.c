@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nibble/formats.h"
 #include "quant/quant_internal.h"
 
 enum { ST_AMAX = 0, ST_BLOCK_AMAX = 1, ST_GLOBAL_AMAX = 2, ST_COUNT = 3 };
@@ -33,7 +34,10 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-static int is_static_nvfp4(const nb_quantizer *q) { return nbq_is_nvfp4(q->cfg.format) && q->cfg.is_static; }
+/* The quantizer's format row (nibble/formats.h): its calibrated state and granularity. */
+static const nb_format_desc *desc(const nb_quantizer *q) { return nb_format_desc_of(q->cfg.format); }
+
+static int is_static_nvfp4(const nb_quantizer *q) { return q->cfg.is_static && desc(q)->state_static; }
 
 /* ---- construction ------------------------------------------------------------------------------ */
 
@@ -54,7 +58,7 @@ nb_status nb_quantizer_new(nb_ctx *ctx, const char *name, const nb_quantizer_con
     const nb_qformat_traits *tr = nb_qformat_info(cfg->format);
     if (!tr || cfg->format == NB_FMT_NONE)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s': unknown or empty format %d", name, (int)cfg->format);
-    if (cfg->is_static && !nbq_is_nvfp4(cfg->format))
+    if (cfg->is_static && !nb_format_desc_of(cfg->format)->state_static)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s': only NVFP4 has a static (per-block calibrated) mode, not %s",
                        name, tr->name);
     if (cfg->fp8_div_dtype >= 0 && cfg->fp8_div_dtype != NB_F32 && cfg->fp8_div_dtype != NB_BF16 &&
@@ -98,13 +102,7 @@ static int state_index(const char *attr) {
 
 /* Which attributes a quantizer of this configuration uses at all. */
 static int uses_state(const nb_quantizer *q, int k) {
-    switch (q->cfg.format) {
-    case NB_FMT_NVFP4:
-    case NB_FMT_NVFP4_46: return q->cfg.is_static ? (k == ST_BLOCK_AMAX || k == ST_GLOBAL_AMAX) : k == ST_AMAX;
-    case NB_FMT_FP8_TENSOR:
-    case NB_FMT_FP8_CHANNEL: return k == ST_AMAX;
-    default: return 0;
-    }
+    return nb_format_uses_state(desc(q), q->cfg.is_static, STATE_NAMES[k]);
 }
 
 int nb_quantizer_has_state(const nb_quantizer *q, const char *attr) {
@@ -133,7 +131,7 @@ static nb_status put_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const
                        nb_qformat_info(q->cfg.format)->name, q->cfg.is_static ? ", static" : "", attr);
     if (!value) return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s': %s value is NULL", q->name, attr);
     int64_t n = nb_tensor_numel(value);
-    int scalar = k == ST_GLOBAL_AMAX || (k == ST_AMAX && q->cfg.format != NB_FMT_FP8_CHANNEL);
+    int scalar = k == ST_GLOBAL_AMAX || (k == ST_AMAX && !desc(q)->per_row);
     if (scalar && n != 1)
         return nb_fail(ctx, NB_ERR_SHAPE, "quantizer '%s': %s is one value, got %lld", q->name, attr, (long long)n);
     if (n < 1) return nb_fail(ctx, NB_ERR_SHAPE, "quantizer '%s': %s is empty", q->name, attr);
@@ -211,11 +209,8 @@ static const nb_quantizer *group_lacking(const nb_quantizer *q) {
 
 const char *nb_quantizer_missing(const nb_quantizer *q) {
     if (!q->cfg.enabled) return NULL;
-    switch (q->cfg.format) {
-    case NB_FMT_MXFP8: return NULL;
-    case NB_FMT_FP8_CHANNEL: return q->state[ST_AMAX] ? NULL : "amax";
-    default: break;
-    }
+    if (!desc(q)->state_dynamic[0]) return NULL;   /* nothing calibrated (MXFP8: scales from the data) */
+    if (desc(q)->per_row) return q->state[ST_AMAX] ? NULL : "amax";   /* per row: never shared */
     if (is_static_nvfp4(q) && !q->state[ST_BLOCK_AMAX]) return "block_amax";
     return group_lacking(q) ? STATE_NAMES[shared_attr(q)] : NULL;
 }
@@ -224,7 +219,7 @@ nb_status nb_quantizer_check(nb_ctx *ctx, const nb_quantizer *q) {
     if (!q) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_check: quantizer is NULL");
     const char *m = nb_quantizer_missing(q);
     if (!m) return NB_OK;
-    const nb_quantizer *who = (strcmp(m, "block_amax") == 0 || q->cfg.format == NB_FMT_FP8_CHANNEL) ? q : group_lacking(q);
+    const nb_quantizer *who = (strcmp(m, "block_amax") == 0 || desc(q)->per_row) ? q : group_lacking(q);
     if (who && who != q)
         return nb_fail(ctx, NB_ERR_UNCALIBRATED,
                        "quantizer '%s' has no calibrated %s: its shared group '%s' member '%s' is uncalibrated", q->name,
@@ -234,7 +229,7 @@ nb_status nb_quantizer_check(nb_ctx *ctx, const nb_quantizer *q) {
 
 nb_status nb_quantizer_global_amax(nb_ctx *ctx, const nb_quantizer *q, float *out) {
     if (!q || !out) return nb_fail(ctx, NB_ERR_INVALID, "nb_quantizer_global_amax: %s is NULL", q ? "out" : "quantizer");
-    if (q->cfg.format == NB_FMT_MXFP8 || q->cfg.format == NB_FMT_FP8_CHANNEL)
+    if (!desc(q)->groupable)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s': %s has no per-tensor amax", q->name,
                        nb_qformat_info(q->cfg.format)->name);
     const nb_quantizer *who = group_lacking(q);
@@ -361,7 +356,7 @@ nb_status nb_quantizer_backward(nb_ctx *ctx, const nb_quantizer *q, const nb_ten
         return nb_fail(ctx, NB_ERR_UNSUPPORTED, "quantizer '%s' backward: f32, bf16 or f16 tensors only (x %s, grad_out %s, "
                        "grad_in %s)", q->name, nb_dtype_info(x->dtype)->name, nb_dtype_info(grad_out->dtype)->name,
                        nb_dtype_info(grad_in->dtype)->name);
-    if (!q->cfg.enabled || q->cfg.pass_through_bwd || q->cfg.format == NB_FMT_MXFP8)
+    if (!q->cfg.enabled || q->cfg.pass_through_bwd || !desc(q)->state_dynamic[0])   /* no amax to clip at */
         return grad_in == grad_out ? NB_OK : nb_tensor_copy(ctx, grad_in, grad_out);
     if (!nb_tensor_is_contiguous(grad_in) || !nb_buffer_writable(grad_in->buf))
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s' backward: grad_in must be contiguous and writable", q->name);
@@ -423,7 +418,7 @@ nb_status nb_qgroup_add(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q) {
     if (q->group)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s' is already in shared group '%s'", q->name, q->group->name);
     nb_qformat f = q->cfg.format;
-    if (!nbq_is_nvfp4(f) && f != NB_FMT_FP8_TENSOR)
+    if (!desc(q)->groupable)
         return nb_fail(ctx, NB_ERR_INVALID, "quantizer '%s': %s has no per-tensor amax to share in group '%s'", q->name,
                        nb_qformat_info(f)->name, g->name);
     if (g->n > 0) {

@@ -2,8 +2,7 @@
 -- Usage: nibble quantize --model PATH --format F [--algorithm A] [--calib FILE] [--samples N]
 --          [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
 --          [--kv-cache fp8] [--allow-uncalibrated] [--allow-long] [--allow-nonfinite] [--dtype bf16|f16|f32] [--quiet] --out DIR
--- F is a preset: nvfp4_w4a16, nvfp4 (W4A4), nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4 (W4A4), mxfp8, fp8 (W8A8),
--- fp8_per_channel.
+-- F is a preset (the rows of nibble/formats.h; --help lists them with their four_over_six variants).
 -- Every linear layer gets F except the default exclusions (lm_head, routers, MoE gates) and the
 -- layers whose width the format's block does not divide. Formats that quantize activations need
 -- --calib (text, JSONL or JSON); weight-only formats calibrate the weights alone. The same run as a
@@ -11,12 +10,15 @@
 -- cache (FP8 k_scale / v_scale per layer, calibrated on --calib). A --seq-len beyond the model's
 -- max_position_embeddings is refused unless --allow-long, as eval and generate refuse such a context.
 -- Values are checked here, before any compute, and errors name the option (never a file of nibble's).
-local USAGE = [[
-usage: nibble quantize --model PATH --format F [--algorithm max|mse|four_over_six] [--calib FILE]
+local formats = require("nibble.formats")
+local USAGE = ([[
+usage: nibble quantize --model PATH --format F [--algorithm %s] [--calib FILE]
          [--samples N] [--seq-len N] [--batch N] [--seed S] [--layout modelopt|compressed-tensors]
          [--kv-cache fp8] [--allow-uncalibrated] [--allow-long] [--allow-nonfinite]
          [--dtype bf16|f16|f32] [--quiet] --out DIR
-formats: nvfp4_w4a16, nvfp4, nvfp4_static, nvfp4_4o6, nvfp4_4o6_a4, mxfp8, fp8, fp8_per_channel
+formats:
+%s
+]]):format(table.concat(formats.algorithm_names, "|"), table.concat(formats.help_lines("  "), "\n")) .. [[
   --samples N   calibration rows (default 512; fewer when --calib has fewer); N >= 1
   --seq-len N   tokens per calibration row (default 512); at most the model's max_position_embeddings
   --allow-long  allow a --seq-len beyond max_position_embeddings
