@@ -6,6 +6,7 @@
 #define NIBBLE_GGUF_H
 
 #include <stdint.h>
+#include "nibble/ctx.h"
 #include "nibble/tensor.h"
 
 typedef struct nb_gguf nb_gguf;

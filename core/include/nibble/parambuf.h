@@ -7,6 +7,7 @@
 #define NIBBLE_PARAMBUF_H
 
 #include <stdint.h>
+#include "nibble/ctx.h"
 #include "nibble/quant.h"
 
 typedef struct nb_parambuf nb_parambuf;

@@ -4,6 +4,7 @@
 #define NIBBLE_SAFETENSORS_H
 
 #include <stdint.h>
+#include "nibble/ctx.h"
 #include "nibble/tensor.h"
 
 typedef struct nb_st nb_st;             /* an opened file or sharded set */

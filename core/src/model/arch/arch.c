@@ -25,10 +25,10 @@ const nb_arch_family *nb_arch_family_named(const char *name) {
 
 void nb_arch_names(char *buf, size_t cap, int gguf) {
     size_t n = 0;
-    buf[0] = 0;
-    for (int i = 0; i < N_FAMILIES; i++)
+    if (cap) buf[0] = 0;
+    for (int i = 0; i < N_FAMILIES && n < cap; i++)
         if (!gguf || k_families[i]->gguf)
-            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", k_families[i]->name);
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", k_families[i]->name);
 }
 
 const cJSON *nb_cfg_get(const cJSON *o, const char *k) {
