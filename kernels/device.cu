@@ -3,6 +3,10 @@
 // nb_cuda_device_count() and exit 77 (skipped) when it is 0.
 #include <cuda_runtime.h>
 
+extern "C" {
+#include "nibble/cuda.h"   // its NB_API marks the definition below as exported from libnibble
+}
+
 extern "C" int nb_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

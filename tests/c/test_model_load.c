@@ -127,7 +127,8 @@ static const char *patched_gguf(const char *find, size_t flen, size_t off, const
 
 static void test_config_errors(nb_ctx *ctx) {
     CHECK_OK(ctx, load(ctx, make_dir(NULL, NULL, NULL)));
-    CHECK_FAIL(ctx, load(ctx, make_dir("\"llama\"", "\"gpt2\"", NULL)), NB_ERR_UNSUPPORTED, "unsupported model_type 'gpt2'");
+    CHECK_FAIL(ctx, load(ctx, make_dir("\"llama\"", "\"gpt2\"", NULL)), NB_ERR_UNSUPPORTED,
+               "unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3)");
     CHECK_FAIL(ctx, load(ctx, make_dir("LlamaForCausalLM", "LlamaForSequenceClassification", NULL)), NB_ERR_UNSUPPORTED,
                "unsupported architectures entry 'LlamaForSequenceClassification'");
     CHECK_FAIL(ctx, load(ctx, make_dir("\"silu\"", "\"gelu\"", NULL)), NB_ERR_UNSUPPORTED, "hidden_act 'gelu'");
@@ -254,7 +255,7 @@ static void test_weight_files(nb_ctx *ctx) {
 
 static void test_gguf_errors(nb_ctx *ctx) {
     CHECK_FAIL(ctx, load(ctx, patched_gguf("general.architecture", 20, 12, "falco", 5)), NB_ERR_UNSUPPORTED,
-               "unsupported GGUF architecture 'falco'");
+               "unsupported GGUF architecture 'falco' (supported: llama, qwen2, qwen3)");
     uint32_t six = 6, four = 4;
     CHECK_FAIL(ctx, load(ctx, patched_gguf("llama.block_count", 17, 4, &six, 4)), NB_ERR_NOT_FOUND,
                "missing tensor 'blk.5.attn_q.weight' (model.layers.5.self_attn.q_proj.weight)");

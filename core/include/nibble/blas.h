@@ -62,9 +62,9 @@ typedef struct nb_blas_info {
 
 /* This CPU's features (CPUID and XGETBV; all zero on other architectures). The one CPUID reader of
  * libnibble (core/src/cpu/features.c): the BLAS check, the SIMD rows and the quantizer paths use it. */
-void nb_cpu_detect(nb_cpu_features *out);
+NB_API void nb_cpu_detect(nb_cpu_features *out);
 /* Space-separated lower-case names of the flags set, e.g. "sse3 avx fma avx2 avx512f ...". */
-void nb_cpu_flags_str(uint32_t flags, char *buf, size_t n);
+NB_API void nb_cpu_flags_str(uint32_t flags, char *buf, size_t n);
 
 /* The decision, a pure function: the kernel set to switch to when `reported` (the core the BLAS
  * picked) is weaker than what `cpu`'s flags can run, else NULL. `available` lists the kernel sets
@@ -74,17 +74,17 @@ void nb_cpu_flags_str(uint32_t flags, char *buf, size_t n);
  * AVX -> Sandybridge; the strongest of these the BLAS has. Kernel sets are ranked by their sgemm,
  * so only a weaker one is switched. A core name it does not know is never overridden (a newer BLAS
  * knows better). */
-const char *nb_blas_pick_core(const char *reported, const nb_cpu_features *cpu, const char *available);
+NB_API const char *nb_blas_pick_core(const char *reported, const nb_cpu_features *cpu, const char *available);
 
 /* Why the BLAS could not be loaded ("" when it was, or before the first try): nb_ctx_new fails with
  * NB_ERR_NOT_FOUND then, and has no context to put the message in. */
-const char *nb_blas_error(void);
+NB_API const char *nb_blas_error(void);
 /* The BLAS in use (loads it if no context did yet). NB_ERR_NOT_FOUND when it cannot be loaded. */
-nb_status nb_blas_get(nb_ctx *ctx, nb_blas_info *out);
+NB_API nb_status nb_blas_get(nb_ctx *ctx, nb_blas_info *out);
 /* One line a user can act on:
  * "gemm: OpenBLAS 0.3.21 ..., kernels SkylakeX (the BLAS's own choice); cpu: <brand> (GenuineIntel
  * family 6 model 143), features: sse3 avx fma avx2 avx512f ...". Returns the length it needed. */
-int nb_blas_describe(const nb_blas_info *info, char *buf, size_t n);
+NB_API int nb_blas_describe(const nb_blas_info *info, char *buf, size_t n);
 
 /* Environment, read once at the first load:
  *   OPENBLAS_CORETYPE   set: OpenBLAS uses that kernel set and libnibble leaves it (NB_BLAS_USER_FORCED).

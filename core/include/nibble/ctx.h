@@ -49,26 +49,26 @@ NB_API void nb_ctx_options_init(nb_ctx_options *o);
  * with the message until nb_quant_set_cpu_path chooses a path (nibble/quant_fast.h). */
 NB_API nb_status nb_ctx_new_opts(const nb_ctx_options *o, nb_ctx **out);
 /* nb_ctx_new_opts with the defaults and `threads`. */
-nb_status nb_ctx_new(int threads, nb_ctx **out);
+NB_API nb_status nb_ctx_new(int threads, nb_ctx **out);
 /* Contexts are refcounted: buffers hold a reference so they may outlive the caller's handle. */
-void nb_ctx_retain(nb_ctx *ctx);
-void nb_ctx_release(nb_ctx *ctx);
+NB_API void nb_ctx_retain(nb_ctx *ctx);
+NB_API void nb_ctx_release(nb_ctx *ctx);
 
 /* Message of the last failing call on this context ("" if none); with NULL, the message of this
  * thread's last failed nb_ctx_new ("no context" if none). */
-const char *nb_ctx_last_error(const nb_ctx *ctx);
-nb_status nb_ctx_last_status(const nb_ctx *ctx);
-void nb_ctx_clear_error(nb_ctx *ctx);
+NB_API const char *nb_ctx_last_error(const nb_ctx *ctx);
+NB_API nb_status nb_ctx_last_status(const nb_ctx *ctx);
+NB_API void nb_ctx_clear_error(nb_ctx *ctx);
 /* Record an error (printf-style message) and return `code`, so callers can `return nb_fail(...)`. */
-nb_status nb_fail(nb_ctx *ctx, nb_status code, const char *fmt, ...)
+NB_API nb_status nb_fail(nb_ctx *ctx, nb_status code, const char *fmt, ...)
 #if defined(__GNUC__) && !defined(NB_FFI_CDEF)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
 
-int nb_ctx_threads(const nb_ctx *ctx);
+NB_API int nb_ctx_threads(const nb_ctx *ctx);
 /* threads <= 0: NIBBLE_THREADS as read at creation, else the number of online CPUs. */
-nb_status nb_ctx_set_threads(nb_ctx *ctx, int threads);
+NB_API nb_status nb_ctx_set_threads(nb_ctx *ctx, int threads);
 /* Switch this context's model-runtime row kernels ("auto", "avx512", "avx2", "scalar"; errors as
  * nb_ctx_new_opts). Other contexts keep theirs; call it while no operation runs on this context. */
 NB_API nb_status nb_ctx_set_simd(nb_ctx *ctx, const char *level);
@@ -77,31 +77,31 @@ NB_API nb_status nb_ctx_set_simd(nb_ctx *ctx, const char *level);
 NB_API int nb_ctx_describe_backend(const nb_ctx *ctx, char *buf, size_t n);
 
 /* Native memory accounting (Lua cannot see C memory; the binding nudges its GC from these). */
-void nb_ctx_mem(const nb_ctx *ctx, nb_mem_stats *out);
+NB_API void nb_ctx_mem(const nb_ctx *ctx, nb_mem_stats *out);
 /* 64-byte aligned, zero-filled, counted allocation. NULL (and an error on ctx) on failure. */
-void *nb_alloc(nb_ctx *ctx, size_t bytes);
-void nb_dealloc(nb_ctx *ctx, void *p, size_t bytes);
+NB_API void *nb_alloc(nb_ctx *ctx, size_t bytes);
+NB_API void nb_dealloc(nb_ctx *ctx, void *p, size_t bytes);
 
 /* The context's default RNG. */
-nb_rng *nb_ctx_rng(nb_ctx *ctx);
-void nb_rng_seed(nb_rng *r, uint64_t seed);
-uint64_t nb_rng_next(nb_rng *r);
-double nb_rng_uniform(nb_rng *r);   /* [0, 1) with 53 random bits */
-double nb_rng_normal(nb_rng *r);    /* standard normal (Box-Muller) */
+NB_API nb_rng *nb_ctx_rng(nb_ctx *ctx);
+NB_API void nb_rng_seed(nb_rng *r, uint64_t seed);
+NB_API uint64_t nb_rng_next(nb_rng *r);
+NB_API double nb_rng_uniform(nb_rng *r);   /* [0, 1) with 53 random bits */
+NB_API double nb_rng_normal(nb_rng *r);    /* standard normal (Box-Muller) */
 
 /* Interrupts: safe to call from a signal handler. Long operations poll it and return
  * NB_ERR_INTERRUPTED; nb_ctx_clear_interrupt resets it. */
-void nb_ctx_interrupt(nb_ctx *ctx);
-int nb_ctx_interrupted(const nb_ctx *ctx);
-void nb_ctx_clear_interrupt(nb_ctx *ctx);
+NB_API void nb_ctx_interrupt(nb_ctx *ctx);
+NB_API int nb_ctx_interrupted(const nb_ctx *ctx);
+NB_API void nb_ctx_clear_interrupt(nb_ctx *ctx);
 
 /* Run fn(arg, begin, end) over [0, n) split into at most nb_ctx_threads chunks of at least
  * `grain` items each, on the context's persistent pool. Returns when all chunks are done.
  * fn must not call nb_parallel_for on the same context (nested calls run serially). */
 typedef void (*nb_range_fn)(void *arg, int64_t begin, int64_t end);
-void nb_parallel_for(nb_ctx *ctx, int64_t n, int64_t grain, nb_range_fn fn, void *arg);
+NB_API void nb_parallel_for(nb_ctx *ctx, int64_t n, int64_t grain, nb_range_fn fn, void *arg);
 
 /* Library version string, e.g. "0.1.0". */
-const char *nb_version(void);
+NB_API const char *nb_version(void);
 
 #endif

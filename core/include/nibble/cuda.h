@@ -3,9 +3,11 @@
 #ifndef NIBBLE_CUDA_H
 #define NIBBLE_CUDA_H
 
+#include "nibble/status.h"
+
 /* 1 if this libnibble was built with the CUDA kernels. */
-int nb_cuda_built(void);
+NB_API int nb_cuda_built(void);
 /* Number of usable CUDA devices (0 when not built with CUDA or no GPU/driver). */
-int nb_cuda_device_count(void);
+NB_API int nb_cuda_device_count(void);
 
 #endif

@@ -137,72 +137,72 @@ typedef struct nb_data_batch {
     int32_t epoch_end;       /* 1 when this is the epoch's last batch */
 } nb_data_batch;
 
-void nb_data_opts_init(nb_data_opts *opts);
-void nb_dataloader_cfg_init(nb_dataloader_cfg *cfg);
+NB_API void nb_data_opts_init(nb_data_opts *opts);
+NB_API void nb_dataloader_cfg_init(nb_dataloader_cfg *cfg);
 
 /* --- datasets ------------------------------------------------------------------------------ */
 /* An empty dataset; add documents with the nb_dataset_add_* calls. Datasets are refcounted
  * (a dataloader holds a reference) and frozen once a dataloader uses them. */
-nb_status nb_dataset_new(nb_ctx *ctx, nb_dataset **out);
+NB_API nb_status nb_dataset_new(nb_ctx *ctx, nb_dataset **out);
 /* new + add_file. opts may be NULL (defaults). */
-nb_status nb_dataset_load(nb_ctx *ctx, const nb_tokenizer *tok, const char *path, const nb_data_opts *opts,
+NB_API nb_status nb_dataset_load(nb_ctx *ctx, const nb_tokenizer *tok, const char *path, const nb_data_opts *opts,
                           nb_dataset **out);
 /* Append every document of a file. Tokenization runs on the context's threads; the result does not
  * depend on their number. Fails, adding nothing, on an unreadable or malformed file, a binary one
  * (nb_data_check_text) or one without documents. */
-nb_status nb_dataset_add_file(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *path,
+NB_API nb_status nb_dataset_add_file(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *path,
                               const nb_data_opts *opts);
 /* NB_ERR_FORMAT "NAME is not a text file (a NUL byte at offset N): give a text or JSONL file" when the
  * len bytes hold a NUL (a binary file such as a GGUF or safetensors), else NB_OK. Invalid UTF-8 passes
  * (the tokenizers take any bytes). nb_dataset_add_file checks every file with it; callers that read
  * text files themselves (eval data) call it too. */
-nb_status nb_data_check_text(nb_ctx *ctx, const char *name, const char *data, int64_t len);
+NB_API nb_status nb_data_check_text(nb_ctx *ctx, const char *name, const char *data, int64_t len);
 /* Append one plain-text document (mask 1) of len bytes. */
-nb_status nb_dataset_add_text(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *text, int64_t len,
+NB_API nb_status nb_dataset_add_text(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *text, int64_t len,
                               const nb_data_opts *opts);
 /* Append one record given as JSON text (an object as in a JSONL line). */
-nb_status nb_dataset_add_json(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *json, int64_t len,
+NB_API nb_status nb_dataset_add_json(nb_ctx *ctx, nb_dataset *ds, const nb_tokenizer *tok, const char *json, int64_t len,
                               const nb_data_opts *opts);
 /* Append one document as it is: n ids and their mask (NULL = all 1); no BOS or EOS is added. */
-nb_status nb_dataset_add_tokens(nb_ctx *ctx, nb_dataset *ds, const int32_t *ids, const uint8_t *mask, int64_t n);
+NB_API nb_status nb_dataset_add_tokens(nb_ctx *ctx, nb_dataset *ds, const int32_t *ids, const uint8_t *mask, int64_t n);
 /* Hold out the last documents as an evaluation set: the split falls at the document boundary nearest
  * to (1 - eval_fraction) of the tokens, keeping at least one document on each side. */
-nb_status nb_dataset_split(nb_ctx *ctx, const nb_dataset *ds, double eval_fraction, nb_dataset **train,
+NB_API nb_status nb_dataset_split(nb_ctx *ctx, const nb_dataset *ds, double eval_fraction, nb_dataset **train,
                            nb_dataset **eval);
-void nb_dataset_retain(nb_dataset *ds);
-void nb_dataset_release(nb_dataset *ds);
+NB_API void nb_dataset_retain(nb_dataset *ds);
+NB_API void nb_dataset_release(nb_dataset *ds);
 
-int64_t nb_dataset_n_tokens(const nb_dataset *ds);
-int64_t nb_dataset_n_docs(const nb_dataset *ds);
-int64_t nb_dataset_n_masked(const nb_dataset *ds);        /* tokens whose mask is 1 */
-int64_t nb_dataset_doc_start(const nb_dataset *ds, int64_t i);  /* i in [0, n_docs]; n_tokens for n_docs */
-const int32_t *nb_dataset_ids(const nb_dataset *ds);      /* the stream (valid until the next add) */
-const uint8_t *nb_dataset_mask(const nb_dataset *ds);
-int32_t nb_dataset_eos(const nb_dataset *ds);             /* EOS of the tokenizer last used; -1 if none */
-uint64_t nb_dataset_fingerprint(const nb_dataset *ds);
+NB_API int64_t nb_dataset_n_tokens(const nb_dataset *ds);
+NB_API int64_t nb_dataset_n_docs(const nb_dataset *ds);
+NB_API int64_t nb_dataset_n_masked(const nb_dataset *ds);        /* tokens whose mask is 1 */
+NB_API int64_t nb_dataset_doc_start(const nb_dataset *ds, int64_t i);  /* i in [0, n_docs]; n_tokens for n_docs */
+NB_API const int32_t *nb_dataset_ids(const nb_dataset *ds);      /* the stream (valid until the next add) */
+NB_API const uint8_t *nb_dataset_mask(const nb_dataset *ds);
+NB_API int32_t nb_dataset_eos(const nb_dataset *ds);             /* EOS of the tokenizer last used; -1 if none */
+NB_API uint64_t nb_dataset_fingerprint(const nb_dataset *ds);
 
 /* --- dataloaders --------------------------------------------------------------------------- */
 /* Validates the configuration against the dataset (too short, samples beyond the data without wrap,
  * drop_last with samples < batch) and positions the cursor at epoch 0, row 0. */
-nb_status nb_dataloader_new(nb_ctx *ctx, nb_dataset *ds, const nb_dataloader_cfg *cfg, nb_dataloader **out);
-void nb_dataloader_free(nb_dataloader *ld);
+NB_API nb_status nb_dataloader_new(nb_ctx *ctx, nb_dataset *ds, const nb_dataloader_cfg *cfg, nb_dataloader **out);
+NB_API void nb_dataloader_free(nb_dataloader *ld);
 /* The next batch, advancing the cursor; after an epoch's last batch the next call starts the next epoch. */
-nb_status nb_dataloader_next(nb_ctx *ctx, nb_dataloader *ld, nb_data_batch *out);
+NB_API nb_status nb_dataloader_next(nb_ctx *ctx, nb_dataloader *ld, nb_data_batch *out);
 /* Rows [row, row + n) of an epoch into caller buffers of n * seq_len entries (any may be NULL);
  * the cursor does not move. */
-nb_status nb_dataloader_read(nb_ctx *ctx, nb_dataloader *ld, int64_t epoch, int64_t row, int64_t n,
+NB_API nb_status nb_dataloader_read(nb_ctx *ctx, nb_dataloader *ld, int64_t epoch, int64_t row, int64_t n,
                              int32_t *tokens, int32_t *targets, uint8_t *mask);
-void nb_dataloader_state(const nb_dataloader *ld, nb_data_state *out);
+NB_API void nb_dataloader_state(const nb_dataloader *ld, nb_data_state *out);
 /* Put the cursor where a saved state says. Fails (NB_ERR_INVALID) on a state from another dataset or
  * configuration, or one whose RNG or offset disagree with its seed and epoch. */
-nb_status nb_dataloader_restore(nb_ctx *ctx, nb_dataloader *ld, const nb_data_state *st);
-int64_t nb_dataloader_rows_per_epoch(const nb_dataloader *ld);   /* after drop_last */
-int64_t nb_dataloader_batches_per_epoch(const nb_dataloader *ld);
+NB_API nb_status nb_dataloader_restore(nb_ctx *ctx, nb_dataloader *ld, const nb_data_state *st);
+NB_API int64_t nb_dataloader_rows_per_epoch(const nb_dataloader *ld);   /* after drop_last */
+NB_API int64_t nb_dataloader_batches_per_epoch(const nb_dataloader *ld);
 /* The start offset the rule above gives an epoch: 0 when random_offset is 0 or pack is 0. */
-int64_t nb_dataloader_offset(const nb_dataloader *ld, int64_t epoch);
+NB_API int64_t nb_dataloader_offset(const nb_dataloader *ld, int64_t epoch);
 /* Epoch e's random offset for a seed and seq_len (> 0): the rule above, without a dataset. */
-int64_t nb_data_offset(uint64_t seed, int64_t epoch, int64_t seq_len);
+NB_API int64_t nb_data_offset(uint64_t seed, int64_t epoch, int64_t seq_len);
 
-void nb_data_batch_release(nb_data_batch *b);
+NB_API void nb_data_batch_release(nb_data_batch *b);
 
 #endif

@@ -100,33 +100,33 @@ typedef struct nb_distill_result {
 } nb_distill_result;
 
 /* Defaults: forward KL, T = 1, t2_scale = 1, full vocab, no LM loss, kd_loss_scale 1, ignore_index -100. */
-void nb_distill_cfg_init(nb_distill_cfg *cfg);
+NB_API void nb_distill_cfg_init(nb_distill_cfg *cfg);
 
 /* Start a batch of n_rows rows. labels/weights are those of the whole batch (or NULL) and fix D. */
-nb_status nb_distill_begin(nb_ctx *ctx, const nb_distill_cfg *cfg, int64_t n_rows, const nb_tensor *labels,
+NB_API nb_status nb_distill_begin(nb_ctx *ctx, const nb_distill_cfg *cfg, int64_t n_rows, const nb_tensor *labels,
                            const nb_tensor *weights, nb_distill_state *st);
 
 /* Megatron's dynamic balance: kd_coef = kd_loss_scale · lm / kd when lm > 0 and kd > 0 (lm, kd: this batch's
  * means from a forward-only pass); otherwise kd_coef is left as it is. */
-void nb_distill_rescale_kd(nb_distill_state *st, double lm, double kd);
+NB_API void nb_distill_rescale_kd(nb_distill_state *st, double lm, double kd);
 
 /* Add one chunk of rows: accumulates the sums and, when grad is not NULL, writes d loss / d student logits
  * ([n, V] f32; may be the student tensor itself, to overwrite the logits in place). Rows with w_n = 0 get
  * zero gradients. Errors: shapes or dtypes (NB_ERR_SHAPE / NB_ERR_INVALID), a label outside [0, V)
  * (NB_ERR_INVALID), a non-finite loss in a counted row (NB_ERR_NUMERIC, naming the row in this chunk). */
-nb_status nb_distill_chunk(nb_ctx *ctx, nb_distill_state *st, const nb_distill_batch *b, nb_tensor *grad);
+NB_API nb_status nb_distill_chunk(nb_ctx *ctx, nb_distill_state *st, const nb_distill_batch *b, nb_tensor *grad);
 
 /* The batch result from the sums so far. */
-nb_status nb_distill_finish(nb_ctx *ctx, const nb_distill_state *st, nb_distill_result *out);
+NB_API nb_status nb_distill_finish(nb_ctx *ctx, const nb_distill_state *st, nb_distill_result *out);
 
 /* begin + one chunk + finish over a whole batch. */
-nb_status nb_distill_loss(nb_ctx *ctx, const nb_distill_cfg *cfg, const nb_distill_batch *b, nb_tensor *grad,
+NB_API nb_status nb_distill_loss(nb_ctx *ctx, const nb_distill_cfg *cfg, const nb_distill_batch *b, nb_tensor *grad,
                           nb_distill_result *out);
 
 /* The teacher's top k per row (the memory-saving form: keep [n, k] instead of [n, V]): values (raw f32 logits,
  * descending; ties broken by lower index) into vals [n, k] f32, indices into idx [n, k] i32, and, when lse is
  * not NULL, logsumexp(teacher / temperature) over the full vocab into lse [n] f32/f64. */
-nb_status nb_distill_topk(nb_ctx *ctx, const nb_tensor *teacher, int32_t k, double temperature, nb_tensor *vals,
+NB_API nb_status nb_distill_topk(nb_ctx *ctx, const nb_tensor *teacher, int32_t k, double temperature, nb_tensor *vals,
                           nb_tensor *idx, nb_tensor *lse);
 
 #endif

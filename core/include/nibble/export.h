@@ -24,7 +24,7 @@ typedef struct nb_export_opts {
     int32_t allow_nonfinite;      /* write NaN/Inf values (reported) instead of failing */
 } nb_export_opts;
 
-void nb_export_opts_init(nb_export_opts *o);
+NB_API void nb_export_opts_init(nb_export_opts *o);
 /* Write the checkpoint into dir atomically and durably. Missing parent folders of dir are created.
  * The files are written into dir.nibble-tmp-<pid>/export/, beside an INCOMPLETE file saying what the
  * folder is, so an unfinished export is never a folder that looks like a model; every file and the
@@ -38,7 +38,7 @@ void nb_export_opts_init(nb_export_opts *o);
  * is NB_ERR_NUMERIC naming the tensor and element, unless opts->allow_nonfinite (then the tensor is
  * listed by nb_qmodel_export_nonfinite). A file-size limit is NB_ERR_IO ("File too large"), not
  * SIGXFSZ. */
-nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb_export_opts *opts);
+NB_API nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb_export_opts *opts);
 
 /* May an export be written to dir? Ask before hours of calibration or QAD; nb_qmodel_export asks
  * it too. Writes nothing.
@@ -65,14 +65,14 @@ nb_status nb_qmodel_export(nb_ctx *ctx, nb_qmodel *qm, const char *dir, const nb
  * holds notes.txt): remove it or choose another output directory"; "... exists and is a file, not a
  * directory: ..."; "... is a symbolic link: ..."); NB_ERR_IO when the parent directory is missing,
  * not a directory or not writable, or when dir cannot be listed. */
-nb_status nb_export_check_target(nb_ctx *ctx, const char *dir);
+NB_API nb_status nb_export_check_target(nb_ctx *ctx, const char *dir);
 /* Modules the last export excluded because allow_uncalibrated was set (and, when a K/V quantizer was
  * uncalibrated, the KV quantizers by name: the export then carries no KV cache quantization at all). */
-int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm);
-const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i);
+NB_API int64_t nb_qmodel_export_skipped_count(const nb_qmodel *qm);
+NB_API const char *nb_qmodel_export_skipped(const nb_qmodel *qm, int64_t i);
 /* Tensors the last export wrote with NaN/Inf values because allow_nonfinite was set. */
-int64_t nb_qmodel_export_nonfinite_count(const nb_qmodel *qm);
-const char *nb_qmodel_export_nonfinite(const nb_qmodel *qm, int64_t i);
+NB_API int64_t nb_qmodel_export_nonfinite_count(const nb_qmodel *qm);
+NB_API const char *nb_qmodel_export_nonfinite(const nb_qmodel *qm, int64_t i);
 
 /* --- read-back of exported checkpoints -------------------------------------------------------- */
 /* How one linear module is stored in an exported checkpoint (either layout), recognised from its
@@ -89,14 +89,14 @@ typedef struct nb_readback_info {
 
 /* Fill *info for module `module` (an HF module name such as "model.layers.0.mlp.up_proj"). A module
  * whose weight is quantized but whose scales are missing or misshapen is NB_ERR_FORMAT, naming it. */
-nb_status nb_readback_probe(nb_ctx *ctx, nb_st *st, const char *module, nb_readback_info *info);
+NB_API nb_status nb_readback_probe(nb_ctx *ctx, nb_st *st, const char *module, nb_readback_info *info);
 /* Dequantize the module's weight [rows, cols] into out (float32, row-major) the way the serving
  * loaders do: NVFP4 e2m1 * e4m3 scale * weight_scale_2 (CT: * (1 / weight_global_scale)), MXFP8
  * e4m3 * 2^(code - 127), FP8 e4m3 * weight_scale. The arithmetic is the quantizer's own dequantize
  * row, so a ModelOpt-layout read-back equals the fake quant that calibrated it bit for bit.
  * used (may be NULL) has one flag per file tensor (nb_st_entry_at order): every tensor of the
  * module it consumed (scales, input scales) is set to 1. */
-nb_status nb_readback_weight(nb_ctx *ctx, nb_st *st, const char *module, int64_t rows, int64_t cols, float *out,
+NB_API nb_status nb_readback_weight(nb_ctx *ctx, nb_st *st, const char *module, int64_t rows, int64_t cols, float *out,
                              char *used);
 /* KV cache scales in an exported checkpoint: ModelOpt's "model.layers.N.self_attn.k_proj.k_scale" /
  * "...v_proj.v_scale" (0-d F32) or compressed-tensors' "model.layers.N.self_attn.k_scale" / "v_scale".
@@ -104,7 +104,7 @@ nb_status nb_readback_weight(nb_ctx *ctx, nb_st *st, const char *module, int64_t
  * kv_scale: layer N's K or V scale (amax / 448, as the loaders multiply the FP8 cache by it), and the
  * layout it was found in; NB_ERR_NOT_FOUND when the checkpoint has none, NB_ERR_FORMAT when it is not
  * one positive finite value. */
-int64_t nb_readback_kv_scale_layer(const char *name, int32_t *which);
-nb_status nb_readback_kv_scale(nb_ctx *ctx, nb_st *st, int64_t layer, int32_t which, float *scale, int32_t *layout);
+NB_API int64_t nb_readback_kv_scale_layer(const char *name, int32_t *which);
+NB_API nb_status nb_readback_kv_scale(nb_ctx *ctx, nb_st *st, int64_t layer, int32_t which, float *scale, int32_t *layout);
 
 #endif

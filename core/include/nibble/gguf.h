@@ -6,6 +6,7 @@
 #define NIBBLE_GGUF_H
 
 #include <stdint.h>
+#include "nibble/ctx.h"
 #include "nibble/tensor.h"
 
 typedef struct nb_gguf nb_gguf;
@@ -44,54 +45,54 @@ typedef struct nb_gguf_tensor_info {
  * malformed (bad magic, unknown version, truncation, absurd counts, unknown value or tensor type,
  * duplicate keys or tensor names, data past the end, a row not a multiple of the block size,
  * misaligned data) is NB_ERR_FORMAT. */
-nb_status nb_gguf_open(nb_ctx *ctx, const char *path, nb_gguf **out);
-void nb_gguf_close(nb_gguf *g);
-uint32_t nb_gguf_version(const nb_gguf *g);
-uint32_t nb_gguf_alignment(const nb_gguf *g);     /* general.alignment, default 32 */
-int64_t nb_gguf_data_offset(const nb_gguf *g);    /* absolute file offset of the aligned data section */
-int64_t nb_gguf_file_size(const nb_gguf *g);
-nb_buffer *nb_gguf_buffer(const nb_gguf *g);      /* the read-only mapping (borrowed; retain to keep) */
+NB_API nb_status nb_gguf_open(nb_ctx *ctx, const char *path, nb_gguf **out);
+NB_API void nb_gguf_close(nb_gguf *g);
+NB_API uint32_t nb_gguf_version(const nb_gguf *g);
+NB_API uint32_t nb_gguf_alignment(const nb_gguf *g);     /* general.alignment, default 32 */
+NB_API int64_t nb_gguf_data_offset(const nb_gguf *g);    /* absolute file offset of the aligned data section */
+NB_API int64_t nb_gguf_file_size(const nb_gguf *g);
+NB_API nb_buffer *nb_gguf_buffer(const nb_gguf *g);      /* the read-only mapping (borrowed; retain to keep) */
 
 /* Metadata, in file order. Out-of-range indices give 0 / NULL / -1. */
-int64_t nb_gguf_kv_count(const nb_gguf *g);
-const char *nb_gguf_kv_key(const nb_gguf *g, int64_t i);
-int64_t nb_gguf_find_key(const nb_gguf *g, const char *key);        /* -1 if absent */
-nb_gguf_type nb_gguf_kv_type(const nb_gguf *g, int64_t i);
+NB_API int64_t nb_gguf_kv_count(const nb_gguf *g);
+NB_API const char *nb_gguf_kv_key(const nb_gguf *g, int64_t i);
+NB_API int64_t nb_gguf_find_key(const nb_gguf *g, const char *key);        /* -1 if absent */
+NB_API nb_gguf_type nb_gguf_kv_type(const nb_gguf *g, int64_t i);
 /* Scalars: any integer/bool type widens to int64 (UINT64 above INT64_MAX keeps its bits: cast the
  * result to uint64_t), float types to double. kv_int of a float and kv_float of an integer convert;
  * strings and arrays give 0. */
-int64_t nb_gguf_kv_int(const nb_gguf *g, int64_t i);
-double nb_gguf_kv_float(const nb_gguf *g, int64_t i);
+NB_API int64_t nb_gguf_kv_int(const nb_gguf *g, int64_t i);
+NB_API double nb_gguf_kv_float(const nb_gguf *g, int64_t i);
 /* Strings are NUL-terminated copies, but may contain NUL bytes themselves: len is authoritative.
  * NULL (len 0) when the value is not a string. */
-const char *nb_gguf_kv_str(const nb_gguf *g, int64_t i, uint64_t *len);
+NB_API const char *nb_gguf_kv_str(const nb_gguf *g, int64_t i, uint64_t *len);
 /* Arrays. arr_type is the element type (NB_GGUF_ARRAY for an array of arrays, whose elements are
  * validated and skipped: count only). Numeric and bool arrays are packed little-endian values,
  * copied and aligned to their element size; NULL for string and nested arrays. */
-nb_gguf_type nb_gguf_arr_type(const nb_gguf *g, int64_t i);
-int64_t nb_gguf_arr_count(const nb_gguf *g, int64_t i);
-const void *nb_gguf_arr_data(const nb_gguf *g, int64_t i);
-const char *nb_gguf_arr_str(const nb_gguf *g, int64_t i, int64_t j, uint64_t *len);
+NB_API nb_gguf_type nb_gguf_arr_type(const nb_gguf *g, int64_t i);
+NB_API int64_t nb_gguf_arr_count(const nb_gguf *g, int64_t i);
+NB_API const void *nb_gguf_arr_data(const nb_gguf *g, int64_t i);
+NB_API const char *nb_gguf_arr_str(const nb_gguf *g, int64_t i, int64_t j, uint64_t *len);
 
 /* Tensor directory, in file order. */
-int64_t nb_gguf_tensor_count(const nb_gguf *g);
-const nb_gguf_tensor_info *nb_gguf_tensor_at(const nb_gguf *g, int64_t i);
-int64_t nb_gguf_find_tensor(const nb_gguf *g, const char *name);     /* -1 if absent */
-const void *nb_gguf_tensor_data(const nb_gguf *g, int64_t i);        /* raw bytes in the mapping */
+NB_API int64_t nb_gguf_tensor_count(const nb_gguf *g);
+NB_API const nb_gguf_tensor_info *nb_gguf_tensor_at(const nb_gguf *g, int64_t i);
+NB_API int64_t nb_gguf_find_tensor(const nb_gguf *g, const char *name);     /* -1 if absent */
+NB_API const void *nb_gguf_tensor_data(const nb_gguf *g, int64_t i);        /* raw bytes in the mapping */
 /* The tensor in row-major shape (ne reversed). F32/F16/BF16 (and F64/I8/I16/I32/I64) come back as
  * zero-copy views of the mapping; quantized types are dequantized into a new F32 tensor.
  * NB_ERR_NOT_FOUND for an unknown name, NB_ERR_UNSUPPORTED for a type without a dequantizer. */
-nb_status nb_gguf_get(nb_ctx *ctx, nb_gguf *g, const char *name, nb_tensor **out);
+NB_API nb_status nb_gguf_get(nb_ctx *ctx, nb_gguf *g, const char *name, nb_tensor **out);
 
 /* ggml type traits: elements per block and bytes per block (0 for an unknown type), name
  * ("Q4_K", ... or NULL), and whether nb_ggml_dequantize handles it. */
-int64_t nb_ggml_block_size(int32_t type);
-int64_t nb_ggml_type_size(int32_t type);
-const char *nb_ggml_type_name(int32_t type);
-int nb_ggml_can_dequantize(int32_t type);
+NB_API int64_t nb_ggml_block_size(int32_t type);
+NB_API int64_t nb_ggml_type_size(int32_t type);
+NB_API const char *nb_ggml_type_name(int32_t type);
+NB_API int nb_ggml_can_dequantize(int32_t type);
 /* Dequantize n elements (a multiple of the type's block size) of one row: F32/F16/BF16 convert,
  * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, NVFP4 decode exactly as ggml's
  * reference dequantize_row_* does (same float operations in the same order). */
-nb_status nb_ggml_dequantize(nb_ctx *ctx, int32_t type, const void *src, float *dst, int64_t n);
+NB_API nb_status nb_ggml_dequantize(nb_ctx *ctx, int32_t type, const void *src, float *dst, int64_t n);
 
 #endif

@@ -117,66 +117,66 @@ typedef struct nb_kv_hook {
 /* --- creating and loading -------------------------------------------------------------------- */
 
 /* Fill *cfg with a small valid llama config (the caller then edits fields). */
-void nb_model_config_init(nb_model_config *cfg);
+NB_API void nb_model_config_init(nb_model_config *cfg);
 /* A model with the given config and all parameters zero (RMSNorm weights one). */
-nb_status nb_model_new(nb_ctx *ctx, const nb_model_config *cfg, nb_model **out);
+NB_API nb_status nb_model_new(nb_ctx *ctx, const nb_model_config *cfg, nb_model **out);
 /* Normal(0, std) weights and biases, RMSNorm weights 1 + Normal(0, std), from `seed`. */
-nb_status nb_model_init_random(nb_ctx *ctx, nb_model *m, uint64_t seed, double std);
+NB_API nb_status nb_model_init_random(nb_ctx *ctx, nb_model *m, uint64_t seed, double std);
 /* Load a Hugging Face directory (config.json + model.safetensors or a sharded index) or a .gguf
  * file. Weights become float32 once, here. Unsupported architectures or config values, missing or
  * misshapen tensors and configs that disagree with the weights fail with a message naming them. */
-nb_status nb_model_load(nb_ctx *ctx, const char *path, nb_model **out);
+NB_API nb_status nb_model_load(nb_ctx *ctx, const char *path, nb_model **out);
 /* NB_ERR_FORMAT, naming it, when path (a folder, or a file in one) is an export's unfinished staging
  * folder (OUT.nibble-tmp-PID/, with its INCOMPLETE note) or that folder's export/ subfolder; NB_OK
  * otherwise. nb_model_load and nb_model_read_config check it; file readers (nibble inspect) ask. */
-nb_status nb_model_check_finished(nb_ctx *ctx, const char *path);
-void nb_model_free(nb_model *m);
+NB_API nb_status nb_model_check_finished(nb_ctx *ctx, const char *path);
+NB_API void nb_model_free(nb_model *m);
 /* The config of the model at path (what nb_model_load would build) from config.json and the safetensors
  * headers, or the GGUF metadata and tensor table, without reading any weight: for listing modules
  * (nibble plan). `tied` comes from the files as nb_model_load decides it; the weights' shapes are not
  * checked (nb_model_load does that). */
-nb_status nb_model_read_config(nb_ctx *ctx, const char *path, nb_model_config *cfg);
+NB_API nb_status nb_model_read_config(nb_ctx *ctx, const char *path, nb_model_config *cfg);
 
-const nb_model_config *nb_model_get_config(const nb_model *m);
-int32_t nb_model_format_of(const nb_model *m);          /* nb_model_format */
-const char *nb_model_path(const nb_model *m);            /* "" for NB_MODEL_MEMORY */
-const char *nb_model_arch_name(const nb_model *m);       /* "llama", "mistral", "qwen2", "qwen3" */
+NB_API const nb_model_config *nb_model_get_config(const nb_model *m);
+NB_API int32_t nb_model_format_of(const nb_model *m);          /* nb_model_format */
+NB_API const char *nb_model_path(const nb_model *m);            /* "" for NB_MODEL_MEMORY */
+NB_API const char *nb_model_arch_name(const nb_model *m);       /* "llama", "mistral", "qwen2", "qwen3" */
 
 /* --- parameters (HF names, float32 views; gradients in matching tensors) ---------------------- */
 
-int64_t nb_model_param_count(const nb_model *m);
-const char *nb_model_param_name(const nb_model *m, int64_t i);
+NB_API int64_t nb_model_param_count(const nb_model *m);
+NB_API const char *nb_model_param_name(const nb_model *m, int64_t i);
 /* Index by HF name, or -1. With tied embeddings "lm_head.weight" finds model.embed_tokens.weight. */
-int64_t nb_model_find_param(const nb_model *m, const char *name);
-nb_tensor *nb_model_param(const nb_model *m, int64_t i);          /* borrowed; writable */
-nb_tensor *nb_model_grad(const nb_model *m, int64_t i);           /* borrowed; NULL before gradients exist */
+NB_API int64_t nb_model_find_param(const nb_model *m, const char *name);
+NB_API nb_tensor *nb_model_param(const nb_model *m, int64_t i);          /* borrowed; writable */
+NB_API nb_tensor *nb_model_grad(const nb_model *m, int64_t i);           /* borrowed; NULL before gradients exist */
 /* dtype the file stored (NB_F32, NB_BF16, NB_F16), or -1 when a quantized GGUF tensor was dequantized. */
-int32_t nb_model_param_src_dtype(const nb_model *m, int64_t i);
+NB_API int32_t nb_model_param_src_dtype(const nb_model *m, int64_t i);
 /* All parameters live in one contiguous float32 buffer (and the gradients in another with the
  * same layout): element offset of parameter i, and views of the whole buffers. */
-int64_t nb_model_param_offset(const nb_model *m, int64_t i);
-nb_tensor *nb_model_flat_params(const nb_model *m);               /* borrowed */
-nb_tensor *nb_model_flat_grads(const nb_model *m);                /* borrowed; NULL before gradients exist */
-nb_status nb_model_alloc_grads(nb_ctx *ctx, nb_model *m);         /* zeroed; the backward calls it */
-void nb_model_zero_grad(nb_model *m);
+NB_API int64_t nb_model_param_offset(const nb_model *m, int64_t i);
+NB_API nb_tensor *nb_model_flat_params(const nb_model *m);               /* borrowed */
+NB_API nb_tensor *nb_model_flat_grads(const nb_model *m);                /* borrowed; NULL before gradients exist */
+NB_API nb_status nb_model_alloc_grads(nb_ctx *ctx, nb_model *m);         /* zeroed; the backward calls it */
+NB_API void nb_model_zero_grad(nb_model *m);
 /* Freeze or unfreeze every parameter whose name matches the glob; returns how many matched. */
-int64_t nb_model_set_requires_grad(nb_model *m, const char *pattern, int32_t requires_grad);
-int32_t nb_model_param_requires_grad(const nb_model *m, int64_t i);
+NB_API int64_t nb_model_set_requires_grad(nb_model *m, const char *pattern, int32_t requires_grad);
+NB_API int32_t nb_model_param_requires_grad(const nb_model *m, int64_t i);
 
 /* --- modules ----------------------------------------------------------------------------------- */
 
-int64_t nb_model_module_count(const nb_model *m);
-const char *nb_model_module_name(const nb_model *m, int64_t i);
-int32_t nb_model_module_kind(const nb_model *m, int64_t i);       /* nb_module_kind */
-int64_t nb_model_find_module(const nb_model *m, const char *name); /* -1 if absent */
+NB_API int64_t nb_model_module_count(const nb_model *m);
+NB_API const char *nb_model_module_name(const nb_model *m, int64_t i);
+NB_API int32_t nb_model_module_kind(const nb_model *m, int64_t i);       /* nb_module_kind */
+NB_API int64_t nb_model_find_module(const nb_model *m, const char *name); /* -1 if absent */
 /* fnmatch-style glob without path semantics: '*' (any run, dots included), '?', '[...]', '\'. */
-int nb_glob_match(const char *pattern, const char *name);
-nb_status nb_model_linear_info(nb_ctx *ctx, const nb_model *m, int64_t module, nb_linear_info *out);
+NB_API int nb_glob_match(const char *pattern, const char *name);
+NB_API nb_status nb_model_linear_info(nb_ctx *ctx, const nb_model *m, int64_t module, nb_linear_info *out);
 /* Install (copied) or clear (hook NULL) the hook of a linear module. */
-nb_status nb_model_set_linear_hook(nb_ctx *ctx, nb_model *m, int64_t module, const nb_linear_hook *hook);
+NB_API nb_status nb_model_set_linear_hook(nb_ctx *ctx, nb_model *m, int64_t module, const nb_linear_hook *hook);
 /* Install (copied) or clear (hook NULL, or hook->kv NULL) the model's K/V hook; off by default, and
  * costs nothing when off. */
-nb_status nb_model_set_kv_hook(nb_ctx *ctx, nb_model *m, const nb_kv_hook *hook);
+NB_API nb_status nb_model_set_kv_hook(nb_ctx *ctx, nb_model *m, const nb_kv_hook *hook);
 
 /* --- forward ----------------------------------------------------------------------------------- */
 
@@ -199,19 +199,19 @@ typedef struct nb_forward_opts {
 } nb_forward_opts;
 
 /* tokens is [B, T]. Positions are 0..T-1 (after the cache's length when decoding with a cache). */
-nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T,
+NB_API nb_status nb_model_forward(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T,
                            const nb_forward_opts *opts);
 /* Shorthand: all logits, [B*T, vocab]. */
-nb_status nb_model_logits(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T, float *logits);
+NB_API nb_status nb_model_logits(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T, float *logits);
 
 /* Where the backward gets each layer's activations. ALWAYS: recomputed one layer at a time from the
  * saved layer inputs (memory: one layer's activations plus the inputs of all layers). NEVER: every
  * layer's activations are kept from the forward (no recomputation, more memory). AUTO (the default):
  * kept when they fit in the activation budget, recomputed otherwise. */
 enum { NB_RECOMPUTE_NEVER = 0, NB_RECOMPUTE_ALWAYS = 1, NB_RECOMPUTE_AUTO = 2 };
-void nb_model_set_recompute(nb_model *m, int32_t mode);
+NB_API void nb_model_set_recompute(nb_model *m, int32_t mode);
 /* AUTO's limit on kept activations, in bytes (default 1 GiB). */
-void nb_model_set_activation_budget(nb_model *m, int64_t bytes);
+NB_API void nb_model_set_activation_budget(nb_model *m, int64_t bytes);
 
 /* --- backward ---------------------------------------------------------------------------------- */
 
@@ -232,7 +232,7 @@ typedef struct nb_backward_opts {
  * run with train = 1 (one backward per such forward; setting a hook in between voids it). Gradients
  * are allocated (zeroed) on first use. *loss_out (may be NULL) receives the sum the loss callback
  * reported. */
-nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *opts, double *loss_out);
+NB_API nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *opts, double *loss_out);
 
 /* Cross-entropy as an nb_loss_fn: user points at an nb_lm_loss; targets are indexed by selected row. */
 typedef struct nb_lm_loss {
@@ -242,21 +242,21 @@ typedef struct nb_lm_loss {
     double loss_sum;            /* accumulated */
     int64_t count;              /* accumulated */
 } nb_lm_loss;
-nb_status nb_lm_loss_fn(nb_ctx *ctx, void *user, int64_t row0, int64_t nrows, int64_t vocab, float *logits,
+NB_API nb_status nb_lm_loss_fn(nb_ctx *ctx, void *user, int64_t row0, int64_t nrows, int64_t vocab, float *logits,
                         double *loss);
 
 /* One language-modelling step: forward (train) and backward of the mean next-token cross-entropy.
  * targets [B*T] (ignore_index -100 skips a position) or NULL for tokens shifted by one with the last
  * position of each sequence ignored. Gradients accumulate; *mean_loss gets the mean loss. */
-nb_status nb_model_lm_step(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T,
+NB_API nb_status nb_model_lm_step(nb_ctx *ctx, nb_model *m, const int32_t *tokens, int64_t B, int64_t T,
                            const int32_t *targets, double *mean_loss);
 
 /* --- KV cache and generation ------------------------------------------------------------------- */
 
-nb_status nb_kv_cache_new(nb_ctx *ctx, const nb_model *m, int64_t B, int64_t max_len, nb_kv_cache **out);
-void nb_kv_cache_free(nb_kv_cache *c);
-int64_t nb_kv_cache_len(const nb_kv_cache *c);
-void nb_kv_cache_reset(nb_kv_cache *c);
+NB_API nb_status nb_kv_cache_new(nb_ctx *ctx, const nb_model *m, int64_t B, int64_t max_len, nb_kv_cache **out);
+NB_API void nb_kv_cache_free(nb_kv_cache *c);
+NB_API int64_t nb_kv_cache_len(const nb_kv_cache *c);
+NB_API void nb_kv_cache_reset(nb_kv_cache *c);
 
 /* Sampling and generation (nb_model_generate): nibble/generate.h. */
 
@@ -288,7 +288,7 @@ typedef struct nb_eval_result {
  * first slot of each replaced by BOS, only the second half of each chunk scored (positions
  * n_ctx/2 .. n_ctx-2 predicting the next token). With a teacher (same vocab), also the KL divergence
  * and top-1 agreement at the same positions. */
-nb_status nb_model_eval(nb_ctx *ctx, nb_model *m, nb_model *teacher, const int32_t *tokens, int64_t n_tokens,
+NB_API nb_status nb_model_eval(nb_ctx *ctx, nb_model *m, nb_model *teacher, const int32_t *tokens, int64_t n_tokens,
                         const nb_eval_opts *opts, nb_eval_result *out);
 
 #endif

@@ -31,39 +31,39 @@ typedef struct nb_adamw_cfg {
 
 typedef struct nb_adamw nb_adamw;
 
-void nb_adamw_cfg_init(nb_adamw_cfg *cfg);
+NB_API void nb_adamw_cfg_init(nb_adamw_cfg *cfg);
 
 /* An optimizer over n parameters (contiguous, writable f32 host tensors; retained until nb_adamw_free).
  * m and v start at zero, step counts at 0. */
-nb_status nb_adamw_new(nb_ctx *ctx, const nb_adamw_cfg *cfg, int32_t n, nb_tensor *const *params, nb_adamw **out);
-void nb_adamw_free(nb_adamw *opt);
-int32_t nb_adamw_count(const nb_adamw *opt);
+NB_API nb_status nb_adamw_new(nb_ctx *ctx, const nb_adamw_cfg *cfg, int32_t n, nb_tensor *const *params, nb_adamw **out);
+NB_API void nb_adamw_free(nb_adamw *opt);
+NB_API int32_t nb_adamw_count(const nb_adamw *opt);
 /* Per-parameter weight decay (e.g. 0 for norms and biases); default cfg.weight_decay. */
-nb_status nb_adamw_set_weight_decay(nb_ctx *ctx, nb_adamw *opt, int32_t i, double weight_decay);
+NB_API nb_status nb_adamw_set_weight_decay(nb_ctx *ctx, nb_adamw *opt, int32_t i, double weight_decay);
 /* Per-parameter learning-rate multiplier (a torch param group whose lr is scale times the others'): the
  * step's lr for parameter i is lr · scale, weight decay included; scale >= 0, default 1. */
-nb_status nb_adamw_set_lr_scale(nb_ctx *ctx, nb_adamw *opt, int32_t i, double scale);
+NB_API nb_status nb_adamw_set_lr_scale(nb_ctx *ctx, nb_adamw *opt, int32_t i, double scale);
 
 /* One step with learning rate lr (lr < 0: cfg.lr). grads[i] is the f32 gradient of params[i], same number of
  * elements, or NULL to skip that parameter. */
-nb_status nb_adamw_step(nb_ctx *ctx, nb_adamw *opt, const nb_tensor *const *grads, double lr);
+NB_API nb_status nb_adamw_step(nb_ctx *ctx, nb_adamw *opt, const nb_tensor *const *grads, double lr);
 
 /* Optimizer state of parameter i, for checkpoints: m (exp_avg) and v (exp_avg_sq) as the optimizer's own f32
  * tensors (borrowed: valid while opt lives; retain them to keep them longer) and the step count. */
-nb_status nb_adamw_get_state(nb_ctx *ctx, const nb_adamw *opt, int32_t i, nb_tensor **m, nb_tensor **v,
+NB_API nb_status nb_adamw_get_state(nb_ctx *ctx, const nb_adamw *opt, int32_t i, nb_tensor **m, nb_tensor **v,
                              int64_t *step);
 /* Restore parameter i's state: copies m and v (f32, same element count) and sets the step count. */
-nb_status nb_adamw_set_state(nb_ctx *ctx, nb_adamw *opt, int32_t i, const nb_tensor *m, const nb_tensor *v,
+NB_API nb_status nb_adamw_set_state(nb_ctx *ctx, nb_adamw *opt, int32_t i, const nb_tensor *m, const nb_tensor *v,
                              int64_t step);
 
 /* clip_grad_norm_ over n f32 gradients (NULL entries are skipped): total = sqrt(Σ ‖g_i‖²) accumulated in
  * double; then, as torch does in f32, c = min(1, (1 / (f32(total) + 1e-6f)) · f32(max_norm)) and g_i *= c.
  * *total_norm (may be NULL) gets the norm before clipping. A non-finite norm leaves the gradients alone and
  * returns NB_ERR_NUMERIC (torch's error_if_nonfinite = True): the caller skips the step. */
-nb_status nb_clip_grad_norm(nb_ctx *ctx, int32_t n, nb_tensor *const *grads, double max_norm, double *total_norm);
+NB_API nb_status nb_clip_grad_norm(nb_ctx *ctx, int32_t n, nb_tensor *const *grads, double max_norm, double *total_norm);
 
 /* Gradient accumulation: acc += scale · g (f32, same element count; contiguous). */
-nb_status nb_grad_accumulate(nb_ctx *ctx, nb_tensor *acc, const nb_tensor *g, double scale);
+NB_API nb_status nb_grad_accumulate(nb_ctx *ctx, nb_tensor *acc, const nb_tensor *g, double scale);
 
 /* Learning-rate schedule: linear warmup from 0, then half a cosine from lr down to min_lr.
  *   step < warmup:          lr · step / max(1, warmup)
@@ -81,6 +81,6 @@ typedef struct nb_lr_schedule {
     int64_t total_steps;
 } nb_lr_schedule;
 
-double nb_lr_at(const nb_lr_schedule *s, int64_t step);
+NB_API double nb_lr_at(const nb_lr_schedule *s, int64_t step);
 
 #endif

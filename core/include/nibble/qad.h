@@ -72,7 +72,7 @@ typedef struct nb_qad_metrics {
 } nb_qad_metrics;
 
 /* Defaults as written above. */
-void nb_qad_cfg_init(nb_qad_cfg *cfg);
+NB_API void nb_qad_cfg_init(nb_qad_cfg *cfg);
 
 /* A QAD run. teacher: the full-precision model (frozen; only its forward runs; not the student's
  * model; same vocabulary and hidden size). student: a calibrated qmodel over another model; fake quant
@@ -80,18 +80,18 @@ void nb_qad_cfg_init(nb_qad_cfg *cfg);
  * (rows of seq_len tokens; may be NULL when the caller feeds nb_qad_micro_step itself). Every student
  * parameter that requires grad is trained (nb_model_set_requires_grad freezes some beforehand).
  * teacher, student and data are borrowed: they must outlive the run. */
-nb_status nb_qad_new(nb_ctx *ctx, const nb_qad_cfg *cfg, nb_model *teacher, nb_qmodel *student, nb_dataloader *data,
+NB_API nb_status nb_qad_new(nb_ctx *ctx, const nb_qad_cfg *cfg, nb_model *teacher, nb_qmodel *student, nb_dataloader *data,
                      nb_qad **out);
-void nb_qad_free(nb_qad *q);
-const nb_qad_cfg *nb_qad_get_cfg(const nb_qad *q);
-int64_t nb_qad_step_count(const nb_qad *q);     /* optimizer steps taken (restored by a resume) */
-int32_t nb_qad_done(const nb_qad *q);           /* 1 when step_count >= cfg.steps */
+NB_API void nb_qad_free(nb_qad *q);
+NB_API const nb_qad_cfg *nb_qad_get_cfg(const nb_qad *q);
+NB_API int64_t nb_qad_step_count(const nb_qad *q);     /* optimizer steps taken (restored by a resume) */
+NB_API int32_t nb_qad_done(const nb_qad *q);           /* 1 when step_count >= cfg.steps */
 
 /* One optimizer step on the next grad_accum batches of the dataloader. On an error before the update
  * (an interrupt included) the parameters, optimizer and dataloader cursor are as they were before the
  * call, so a checkpoint taken then resumes exactly; an interrupt that arrives during the AdamW update
  * completes the step and returns NB_ERR_INTERRUPTED with *out filled. */
-nb_status nb_qad_step(nb_ctx *ctx, nb_qad *q, nb_qad_metrics *out);
+NB_API nb_status nb_qad_step(nb_ctx *ctx, nb_qad *q, nb_qad_metrics *out);
 
 /* The pieces of nb_qad_step, for pipelines that bring their own batches.
  * micro_step: forward + backward of one micro-batch, accumulating into the student's gradients.
@@ -99,15 +99,15 @@ nb_status nb_qad_step(nb_ctx *ctx, nb_qad *q, nb_qad_metrics *out);
  * denom: the divisor of the means (the counted tokens of every micro-batch of this optimizer step),
  * or <= 0 for this micro-batch's own count. *out (may be NULL) receives this micro-batch's share
  * (loss, kd, lm divided by denom, tokens). */
-nb_status nb_qad_micro_step(nb_ctx *ctx, nb_qad *q, const int32_t *tokens, const int32_t *targets,
+NB_API nb_status nb_qad_micro_step(nb_ctx *ctx, nb_qad *q, const int32_t *tokens, const int32_t *targets,
                             const uint8_t *mask, int64_t B, int64_t T, double denom, nb_distill_result *out);
 /* Clip, AdamW at the scheduled lr, zero the gradients, recalibrate when due; step_count + 1.
  * out->loss/kd/ce/tokens are left as the caller set them; the rest is filled. */
-nb_status nb_qad_optimizer_step(nb_ctx *ctx, nb_qad *q, nb_qad_metrics *out);
+NB_API nb_status nb_qad_optimizer_step(nb_ctx *ctx, nb_qad *q, nb_qad_metrics *out);
 /* The counted tokens of a micro-batch under this run's mask rule (for the denom of micro_step). */
-int64_t nb_qad_count_tokens(const nb_qad *q, const int32_t *targets, const uint8_t *mask, int64_t n);
+NB_API int64_t nb_qad_count_tokens(const nb_qad *q, const int32_t *targets, const uint8_t *mask, int64_t n);
 /* The learning rate of optimizer step `step` (0-based: steps already taken). */
-double nb_qad_lr_at(const nb_qad *q, int64_t step);
+NB_API double nb_qad_lr_at(const nb_qad *q, int64_t step);
 
 /* --- checkpoints -------------------------------------------------------------------------------
  * A checkpoint is a directory: student.safetensors (nb_qmodel_save: master weights, quantizer state,
@@ -119,11 +119,11 @@ double nb_qad_lr_at(const nb_qad *q, int64_t step);
  * (<= 0: keep 2); dir is fsynced after each rename. A kill at any moment leaves the newest complete
  * step folder findable by nb_qad_latest. A file-size limit is NB_ERR_IO ("File too large"), not
  * SIGXFSZ. Call it with the context's interrupt flag cleared (writers stop on it). */
-nb_status nb_qad_save(nb_ctx *ctx, nb_qad *q, const char *dir, int32_t keep);
+NB_API nb_status nb_qad_save(nb_ctx *ctx, nb_qad *q, const char *dir, int32_t keep);
 /* Restore from the checkpoint nb_qad_latest finds. NB_ERR_NOT_FOUND when there is none; NB_ERR_INVALID,
  * naming the setting, when it was written by a run with different settings (loss, lr schedule, steps,
  * grad_accum, clip, weight decay, mask rule, dataloader). */
-nb_status nb_qad_restore(nb_ctx *ctx, nb_qad *q, const char *dir);
+NB_API nb_status nb_qad_restore(nb_ctx *ctx, nb_qad *q, const char *dir);
 /* Whether a run of cfg may resume from the checkpoint nb_qad_latest finds in dir, before any run exists:
  * the settings a checkpoint records (loss, lr schedule, steps, grad_accum, clip, optimizer, mask rule,
  * recalibration: the one list of QAD settings) against cfg's. NB_ERR_INVALID "cannot resume from
@@ -134,14 +134,14 @@ NB_API nb_status nb_qad_check_settings(nb_ctx *ctx, const nb_qad_cfg *cfg, const
 /* Path of the checkpoint to resume from, into buf: dir itself when it is a step folder, else the
  * newest dir/step-* folder its manifest.json verifies (sizes and hashes; a folder from before
  * manifests only when dir/latest names it), whatever dir/latest says. NB_ERR_NOT_FOUND when none. */
-nb_status nb_qad_latest(nb_ctx *ctx, const char *dir, char *buf, int64_t buf_len);
+NB_API nb_status nb_qad_latest(nb_ctx *ctx, const char *dir, char *buf, int64_t buf_len);
 
 /* One run per checkpoint folder: an exclusive flock on dir.nibble-lock (created, with the folder above
  * dir when missing), held until nb_qad_unlock_dir or the process ends. Another process holding it is
  * NB_ERR_IO "qad: checkpoint_dir: <dir> is in use by another nibble process (pid N): wait for it to
  * finish or give another checkpoint_dir". */
 typedef struct nb_qad_lock nb_qad_lock;
-nb_status nb_qad_lock_dir(nb_ctx *ctx, const char *dir, nb_qad_lock **out);
-void nb_qad_unlock_dir(nb_qad_lock *l);
+NB_API nb_status nb_qad_lock_dir(nb_ctx *ctx, const char *dir, nb_qad_lock **out);
+NB_API void nb_qad_unlock_dir(nb_qad_lock *l);
 
 #endif

@@ -68,13 +68,13 @@ typedef struct nb_qrow_fns {
 } nb_qrow_fns;
 
 /* Traits of a format; NULL when out of range. */
-const nb_qformat_traits *nb_qformat_info(nb_qformat f);
+NB_API const nb_qformat_traits *nb_qformat_info(nb_qformat f);
 /* Format by name ("nvfp4", "nvfp4_46", "mxfp8", "fp8", "fp8_channel", "none") or one of the aliases
  * nibble/formats.h lists (nb_qformat_alias); -1 if unknown. */
-int nb_qformat_from_name(const char *name);
+NB_API int nb_qformat_from_name(const char *name);
 /* Swap a format's row functions on this context (fast paths that are bit-equal to the references;
  * NULL restores the scalar reference). Other contexts keep theirs. */
-nb_status nb_qformat_set_rows(nb_ctx *ctx, nb_qformat f, nb_qrow_quantize_fn quantize,
+NB_API nb_status nb_qformat_set_rows(nb_ctx *ctx, nb_qformat f, nb_qrow_quantize_fn quantize,
                               nb_qrow_dequantize_fn dequantize, nb_qrow_fake_fn fake);
 /* The row functions ctx runs for f (ctx NULL: the best this CPU has); NULL for NB_FMT_NONE or a
  * format out of range. */
@@ -83,36 +83,36 @@ NB_API const nb_qrow_fns *nb_qformat_rows(const nb_ctx *ctx, nb_qformat f);
 NB_API const nb_qrow_fns *nb_qformat_ref_rows(nb_qformat f);
 
 /* --- scalar reference row functions (what every fast path is tested against) ------------------ */
-void nb_nvfp4_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
-void nb_nvfp4_dequantize_row_ref(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
-void nb_nvfp4_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y);
+NB_API void nb_nvfp4_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+NB_API void nb_nvfp4_dequantize_row_ref(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
+NB_API void nb_nvfp4_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y);
 /* four_over_six: with block_amax the static path at 256; without, each block picks M=6 or M=4 itself. */
-void nb_nvfp4_46_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
-void nb_nvfp4_46_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y);
-void nb_mxfp8_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
-void nb_mxfp8_dequantize_row_ref(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
-void nb_mxfp8_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y);
-void nb_fp8_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
-void nb_fp8_dequantize_row_ref(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
-void nb_fp8_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y);
+NB_API void nb_nvfp4_46_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+NB_API void nb_nvfp4_46_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y);
+NB_API void nb_mxfp8_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+NB_API void nb_mxfp8_dequantize_row_ref(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
+NB_API void nb_mxfp8_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y);
+NB_API void nb_fp8_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s);
+NB_API void nb_fp8_dequantize_row_ref(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y);
+NB_API void nb_fp8_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y);
 
 /* --- scalar scale helpers (ModelOpt's fp32 operation order) ------------------------------------ */
 /* weight_scale_2 / input_scale of NVFP4: f32(amax / (6*norm)), norm 448 (or 256 for four_over_six). */
-float nb_nvfp4_scale2(float amax, float norm);
+NB_API float nb_nvfp4_scale2(float amax, float norm);
 /* E4M3 block-scale byte, dynamic path: pbs = amax_b/f32(6*s2), 0 -> 1.0, clamp [2^-9, 448]. */
-uint8_t nb_nvfp4_block_scale_dynamic(float block_amax, float s2);
+NB_API uint8_t nb_nvfp4_block_scale_dynamic(float block_amax, float s2);
 /* E4M3 block-scale byte, static path: r = f32(f32(pbs*norm)/f32(G/6)), pbs = amax_b/6 (0 -> 1.0), clamp. */
-uint8_t nb_nvfp4_block_scale_static(float block_amax, float global_amax, float norm);
+NB_API uint8_t nb_nvfp4_block_scale_static(float block_amax, float global_amax, float norm);
 /* four_over_six choice for one block of 16 values: returns 1 when M=4 (amax x1.5) has the strictly
  * lower squared error, 0 when M=6 stays (ties keep 6). */
-int nb_nvfp4_46_pick_block(const float *x, float block_amax, float global_amax);
+NB_API int nb_nvfp4_46_pick_block(const float *x, float block_amax, float global_amax);
 /* MXFP8 E8M0 byte of a block amax: ModelOpt ceil(log2(amax/448)) or OCP floor(log2 amax) - 8, +127. */
-uint8_t nb_mxfp8_scale_byte(float block_amax, int ocp_floor);
+NB_API uint8_t nb_mxfp8_scale_byte(float block_amax, int ocp_floor);
 /* torch.linspace(start, stop, steps) in float32, element i (the candidate multipliers of MSE search):
  * step = f32(stop-start)/(steps-1), then start + step*i (first half) or stop - step*(steps-1-i), fused. */
-float nb_linspace_f32(double start, double stop, int64_t steps, int64_t i);
+NB_API float nb_linspace_f32(double start, double stop, int64_t steps, int64_t i);
 /* ModelOpt's candidate count: ceil((stop - start) / step) + 1 in double (Python float) arithmetic. */
-int64_t nb_mse_steps(double start, double stop, double step);
+NB_API int64_t nb_mse_steps(double start, double stop, double step);
 
 /* --- quantized tensors ------------------------------------------------------------------------ */
 typedef struct nb_qtensor {
@@ -127,17 +127,17 @@ typedef struct nb_qtensor {
 
 /* Allocate a zeroed quantized tensor of the given logical shape (the last dim must divide the block;
  * nb_quantize_into fills it). */
-nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, nb_qtensor **out);
+NB_API nb_status nb_qtensor_new(nb_ctx *ctx, nb_qformat f, int ndim, const int64_t *shape, nb_qtensor **out);
 /* Wrap existing tensors (e.g. read from a checkpoint); shapes and dtypes are checked; retains them. */
-nb_status nb_qtensor_wrap(nb_ctx *ctx, nb_qformat f, nb_tensor *data, nb_tensor *scale, nb_tensor *scale2,
+NB_API nb_status nb_qtensor_wrap(nb_ctx *ctx, nb_qformat f, nb_tensor *data, nb_tensor *scale, nb_tensor *scale2,
                           nb_qtensor **out);
-void nb_qtensor_retain(nb_qtensor *q);
-void nb_qtensor_release(nb_qtensor *q);
-int64_t nb_qtensor_numel(const nb_qtensor *q);
+NB_API void nb_qtensor_retain(nb_qtensor *q);
+NB_API void nb_qtensor_release(nb_qtensor *q);
+NB_API int64_t nb_qtensor_numel(const nb_qtensor *q);
 /* Dequantize into a new tensor of dtype dt (F32, BF16 or F16): elem * block scale * s2, in f32, then dt. */
-nb_status nb_qtensor_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_dtype dt, nb_tensor **out);
+NB_API nb_status nb_qtensor_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_dtype dt, nb_tensor **out);
 /* Dequantize into an existing tensor of the same logical shape. */
-nb_status nb_qtensor_dequantize_into(nb_ctx *ctx, const nb_qtensor *q, nb_tensor *out);
+NB_API nb_status nb_qtensor_dequantize_into(nb_ctx *ctx, const nb_qtensor *q, nb_tensor *out);
 
 /* --- quantize with explicit parameters (no quantizer object) ----------------------------------- */
 /* A negative amax / global_amax, or a NULL channel_amax, means "from the data" (as ModelOpt's
@@ -154,7 +154,7 @@ typedef struct nb_qparams {
 } nb_qparams;
 
 /* Parameters for a format: amaxes "from the data" (-1), no block amax, fp8_div_dtype -1. */
-void nb_qparams_init(nb_qparams *p, nb_qformat f);
+NB_API void nb_qparams_init(nb_qparams *p, nb_qformat f);
 /* Quantize x (F32, BF16 or F16, any shape with ndim >= 1) into a new quantized tensor.
  * Errors: NB_ERR_SHAPE (last dim vs block; a block_amax / channel_amax that does not fit x: it must
  * have x's shape with the last dim n/16 (or 1), or be flat (1-D) with that many values),
@@ -165,15 +165,15 @@ void nb_qparams_init(nb_qparams *p, nb_qformat f);
  * (bit-equal to the CPU rows), the plan resolved as on the host (NaN/Inf, amax and state errors alike);
  * nb_quantize_into, nb_fake_quant and nb_qtensor_dequantize(_into) dispatch the same way, and want their
  * outputs on the input's device. Without CUDA (or that device) a device tensor is NB_ERR_DEVICE. */
-nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out);
+NB_API nb_status nb_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor **out);
 /* nb_quantize into an existing quantized tensor of the same format and logical shape (from
  * nb_qtensor_new or an earlier nb_quantize), reusing its buffers: every byte of its data and scales
  * is rewritten. Same errors as nb_quantize, plus NB_ERR_INVALID / NB_ERR_SHAPE for an output that
  * does not fit; after an error its contents are unspecified. */
-nb_status nb_quantize_into(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor *q);
+NB_API nb_status nb_quantize_into(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_qtensor *q);
 /* out = dequantize(quantize(x)) with the same bits, written in out's dtype (F32/BF16/F16, same
  * shape; out may be x itself). */
-nb_status nb_fake_quant(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_tensor *out);
+NB_API nb_status nb_fake_quant(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, nb_tensor *out);
 
 /* --- quantizers ---------------------------------------------------------------------------------- */
 typedef struct nb_quantizer nb_quantizer;
@@ -190,14 +190,14 @@ typedef struct nb_quantizer_config {
 
 /* Defaults for a format: dynamic, ceil rule, fp8_div_dtype -1, pass_through_bwd 1, enabled 1
  * (NVFP4_46 defaults to static: four_over_six is a calibrated per-block choice). */
-void nb_quantizer_config_init(nb_quantizer_config *cfg, nb_qformat f);
-nb_status nb_quantizer_new(nb_ctx *ctx, const char *name, const nb_quantizer_config *cfg, nb_quantizer **out);
-void nb_quantizer_retain(nb_quantizer *q);
-void nb_quantizer_release(nb_quantizer *q);
-const char *nb_quantizer_name(const nb_quantizer *q);
-void nb_quantizer_get_config(const nb_quantizer *q, nb_quantizer_config *out);
-void nb_quantizer_set_enabled(nb_quantizer *q, int enabled);
-int nb_quantizer_enabled(const nb_quantizer *q);
+NB_API void nb_quantizer_config_init(nb_quantizer_config *cfg, nb_qformat f);
+NB_API nb_status nb_quantizer_new(nb_ctx *ctx, const char *name, const nb_quantizer_config *cfg, nb_quantizer **out);
+NB_API void nb_quantizer_retain(nb_quantizer *q);
+NB_API void nb_quantizer_release(nb_quantizer *q);
+NB_API const char *nb_quantizer_name(const nb_quantizer *q);
+NB_API void nb_quantizer_get_config(const nb_quantizer *q, nb_quantizer_config *out);
+NB_API void nb_quantizer_set_enabled(nb_quantizer *q, int enabled);
+NB_API int nb_quantizer_enabled(const nb_quantizer *q);
 
 /* Calibrated state, by attribute name:
  *   "amax"        F32 []            per-tensor amax (NVFP4 dynamic, FP8_TENSOR, input quantizers)
@@ -205,40 +205,40 @@ int nb_quantizer_enabled(const nb_quantizer *q);
  *   "block_amax"  F32 [..., n/16]   per-block amax (NVFP4 static; four_over_six folds its choice in)
  *   "global_amax" F32 []            per-tensor amax behind weight_scale_2 (NVFP4 static)
  * Which are required: nb_quantizer_missing. Values must be finite and >= 0. */
-const char *nb_quantizer_state_name(int i);               /* 0..2, NULL past the end */
-int nb_quantizer_has_state(const nb_quantizer *q, const char *attr);
+NB_API const char *nb_quantizer_state_name(int i);               /* 0..2, NULL past the end */
+NB_API int nb_quantizer_has_state(const nb_quantizer *q, const char *attr);
 /* A new F32 tensor holding a copy; NB_ERR_UNCALIBRATED if absent, NB_ERR_NOT_FOUND if unknown. */
-nb_status nb_quantizer_get_state(nb_ctx *ctx, const nb_quantizer *q, const char *attr, nb_tensor **out);
+NB_API nb_status nb_quantizer_get_state(nb_ctx *ctx, const nb_quantizer *q, const char *attr, nb_tensor **out);
 /* Copy (converted to F32) into the state. A per-block / per-row attribute that is already there can
  * only be replaced by one of the same shape (NB_ERR_SHAPE naming both; clear it first to change the
  * shape); calibration replaces state of any shape. A quantize with a state calibrated for a tensor of
  * another shape is NB_ERR_SHAPE (see nb_quantize). */
-nb_status nb_quantizer_set_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const nb_tensor *value);
+NB_API nb_status nb_quantizer_set_state(nb_ctx *ctx, nb_quantizer *q, const char *attr, const nb_tensor *value);
 /* Drop one attribute, or all of them (attr NULL). */
-nb_status nb_quantizer_clear_state(nb_ctx *ctx, nb_quantizer *q, const char *attr);
+NB_API nb_status nb_quantizer_clear_state(nb_ctx *ctx, nb_quantizer *q, const char *attr);
 /* The first required attribute that is missing ("amax", "global_amax", "block_amax"), looking
  * through the shared group; NULL when calibrated (or when the format needs no state). */
-const char *nb_quantizer_missing(const nb_quantizer *q);
+NB_API const char *nb_quantizer_missing(const nb_quantizer *q);
 /* NB_OK when calibrated, else NB_ERR_UNCALIBRATED naming the quantizer and the attribute. */
-nb_status nb_quantizer_check(nb_ctx *ctx, const nb_quantizer *q);
+NB_API nb_status nb_quantizer_check(nb_ctx *ctx, const nb_quantizer *q);
 /* The effective per-tensor amax (the group's maximum when shared): "amax" for NVFP4 dynamic and
  * FP8_TENSOR, "global_amax" for NVFP4 static. */
-nb_status nb_quantizer_global_amax(nb_ctx *ctx, const nb_quantizer *q, float *out);
+NB_API nb_status nb_quantizer_global_amax(nb_ctx *ctx, const nb_quantizer *q, float *out);
 /* The per-tensor scale export writes: NVFP4 weight_scale_2 or input_scale (A/(6*norm)), FP8
  * weight_scale or input_scale (amax/448); an amax of 0 counts as the maxbound (6 or 448), as in
  * quantize, so this is never 0. */
-nb_status nb_quantizer_scale(nb_ctx *ctx, const nb_quantizer *q, float *out);
+NB_API nb_status nb_quantizer_scale(nb_ctx *ctx, const nb_quantizer *q, float *out);
 /* The quantizer's current parameters (block_amax / channel_amax point into its state). */
-nb_status nb_quantizer_params(nb_ctx *ctx, const nb_quantizer *q, nb_qparams *out);
+NB_API nb_status nb_quantizer_params(nb_ctx *ctx, const nb_quantizer *q, nb_qparams *out);
 
 /* Real quantization (export); fails with NB_ERR_UNCALIBRATED when state is missing and
  * NB_ERR_INVALID when the quantizer is disabled. */
-nb_status nb_quantizer_quantize(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, nb_qtensor **out);
+NB_API nb_status nb_quantizer_quantize(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, nb_qtensor **out);
 /* Fake quant for training: out = dequantize(quantize(x)) (identity copy when disabled). */
-nb_status nb_quantizer_fake(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, nb_tensor *out);
+NB_API nb_status nb_quantizer_fake(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, nb_tensor *out);
 /* Straight-through backward: grad_in = grad_out, or grad_out * (|x| <= amax) when pass_through_bwd
  * is 0 (amax per tensor, per row or per block as calibrated; MXFP8 always passes through). */
-nb_status nb_quantizer_backward(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, const nb_tensor *grad_out,
+NB_API nb_status nb_quantizer_backward(nb_ctx *ctx, const nb_quantizer *q, const nb_tensor *x, const nb_tensor *grad_out,
                                 nb_tensor *grad_in);
 
 /* Shared-state groups: fused siblings (q/k/v, gate/up, w1/w3) share one per-tensor amax (so one
@@ -246,17 +246,17 @@ nb_status nb_quantizer_backward(nb_ctx *ctx, const nb_quantizer *q, const nb_ten
  * over the members; a member without it makes the whole group uncalibrated. Members hold the group.
  * An MSE / four_over_six search on a static member uses that shared global amax, so every other
  * member needs its max pass first (NB_ERR_UNCALIBRATED naming the one that lacks it). */
-nb_status nb_qgroup_new(nb_ctx *ctx, const char *name, nb_qgroup **out);
-void nb_qgroup_retain(nb_qgroup *g);
-void nb_qgroup_release(nb_qgroup *g);
-const char *nb_qgroup_name(const nb_qgroup *g);
+NB_API nb_status nb_qgroup_new(nb_ctx *ctx, const char *name, nb_qgroup **out);
+NB_API void nb_qgroup_retain(nb_qgroup *g);
+NB_API void nb_qgroup_release(nb_qgroup *g);
+NB_API const char *nb_qgroup_name(const nb_qgroup *g);
 /* Add q (same format and static-ness as the other members; NVFP4 family or FP8_TENSOR only).
  * Adding a member again changes nothing. */
-nb_status nb_qgroup_add(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q);
-nb_status nb_qgroup_remove(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q);
-int nb_qgroup_size(const nb_qgroup *g);
-nb_quantizer *nb_qgroup_member(const nb_qgroup *g, int i);   /* borrowed */
-nb_qgroup *nb_quantizer_group(const nb_quantizer *q);         /* borrowed; NULL if none */
+NB_API nb_status nb_qgroup_add(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q);
+NB_API nb_status nb_qgroup_remove(nb_ctx *ctx, nb_qgroup *g, nb_quantizer *q);
+NB_API int nb_qgroup_size(const nb_qgroup *g);
+NB_API nb_quantizer *nb_qgroup_member(const nb_qgroup *g, int i);   /* borrowed */
+NB_API nb_qgroup *nb_quantizer_group(const nb_quantizer *q);         /* borrowed; NULL if none */
 
 /* --- calibrators ------------------------------------------------------------------------------ */
 typedef enum nb_calib_method {
@@ -286,25 +286,25 @@ typedef struct nb_calib_config {
 
 typedef struct nb_calib nb_calib;
 
-void nb_calib_config_init(nb_calib_config *cfg, nb_calib_method m);
+NB_API void nb_calib_config_init(nb_calib_config *cfg, nb_calib_method m);
 /* An observer for q. MSE / four_over_six search multiples of the max the observer itself saw over all
  * its batches (ModelOpt: max calibration, then the search), never of q's current state, so repeating a
  * search on the same data gives the same state. They keep a copy of every batch until finish (the
  * centre is known only then); nb_quantizer_calibrate reads its x without a copy. At most 65536
  * candidates. The quantizer is retained. */
-nb_status nb_calib_new(nb_ctx *ctx, nb_quantizer *q, const nb_calib_config *cfg, nb_calib **out);
+NB_API nb_status nb_calib_new(nb_ctx *ctx, nb_quantizer *q, const nb_calib_config *cfg, nb_calib **out);
 /* Accumulate one batch (amax maxima, or the per-candidate squared errors). */
-nb_status nb_calib_collect(nb_ctx *ctx, nb_calib *c, const nb_tensor *x);
+NB_API nb_status nb_calib_collect(nb_ctx *ctx, nb_calib *c, const nb_tensor *x);
 /* Write the result into the quantizer's state (static NVFP4 also gets global_amax = the data's max,
  * by max and by the searches); NB_ERR_INVALID if nothing was collected. A searched per-tensor / per-row amax is
  * stored rounded to the calibration tensor's dtype, as ModelOpt's _amax buffer keeps the weight's
  * dtype (static NVFP4 block amax stays f32). Candidates whose amax overflows f32 are skipped. */
-nb_status nb_calib_finish(nb_ctx *ctx, nb_calib *c);
-int64_t nb_calib_batches(const nb_calib *c);
+NB_API nb_status nb_calib_finish(nb_ctx *ctx, nb_calib *c);
+NB_API int64_t nb_calib_batches(const nb_calib *c);
 /* MSE: the chosen candidate index per amax element (-1 before finish); n receives the count. */
-const int32_t *nb_calib_choice(const nb_calib *c, int64_t *n);
-void nb_calib_free(nb_calib *c);
+NB_API const int32_t *nb_calib_choice(const nb_calib *c, int64_t *n);
+NB_API void nb_calib_free(nb_calib *c);
 /* One-shot: new + collect(x) + finish. */
-nb_status nb_quantizer_calibrate(nb_ctx *ctx, nb_quantizer *q, const nb_tensor *x, nb_calib_method m);
+NB_API nb_status nb_quantizer_calibrate(nb_ctx *ctx, nb_quantizer *q, const nb_tensor *x, nb_calib_method m);
 
 #endif

@@ -27,25 +27,25 @@ typedef struct nb_cuda_qargs {
 } nb_cuda_qargs;
 
 /* Zeroed args with div_dtype NB_F32. */
-void nb_cuda_qargs_init(nb_cuda_qargs *a);
+NB_API void nb_cuda_qargs_init(nb_cuda_qargs *a);
 
 /* x: [rows, n] of xdt (F32, BF16 or F16). q: data bytes [rows, n/2] (NVFP4) or [rows, n] (E4M3);
  * s: block scales [rows, n/16] (E4M3) or [rows, n/32] (E8M0 as U8); NULL for FP8. */
-nb_status nb_cuda_quantize(nb_ctx *ctx, nb_qformat f, const void *x, nb_dtype xdt, int64_t rows, int64_t n,
+NB_API nb_status nb_cuda_quantize(nb_ctx *ctx, nb_qformat f, const void *x, nb_dtype xdt, int64_t rows, int64_t n,
                            const nb_cuda_qargs *a, uint8_t *q, uint8_t *s, void *stream);
 /* y: [rows, n] of ydt (F32, BF16 or F16; 16-bit outputs rounded to nearest even). */
-nb_status nb_cuda_dequantize(nb_ctx *ctx, nb_qformat f, const uint8_t *q, const uint8_t *s, int64_t rows, int64_t n,
+NB_API nb_status nb_cuda_dequantize(nb_ctx *ctx, nb_qformat f, const uint8_t *q, const uint8_t *s, int64_t rows, int64_t n,
                              const nb_cuda_qargs *a, void *y, nb_dtype ydt, void *stream);
 /* y = dequantize(quantize(x)); y may be x when the dtypes match. */
-nb_status nb_cuda_fake_quant(nb_ctx *ctx, nb_qformat f, const void *x, nb_dtype xdt, int64_t rows, int64_t n,
+NB_API nb_status nb_cuda_fake_quant(nb_ctx *ctx, nb_qformat f, const void *x, nb_dtype xdt, int64_t rows, int64_t n,
                              const nb_cuda_qargs *a, void *y, nb_dtype ydt, void *stream);
 
 /* Host-memory conveniences: every pointer (also a->block_amax and a->row_scale) is a host pointer. */
-nb_status nb_cuda_quantize_host(nb_ctx *ctx, nb_qformat f, const void *x, nb_dtype xdt, int64_t rows, int64_t n,
+NB_API nb_status nb_cuda_quantize_host(nb_ctx *ctx, nb_qformat f, const void *x, nb_dtype xdt, int64_t rows, int64_t n,
                                 const nb_cuda_qargs *a, uint8_t *q, uint8_t *s);
-nb_status nb_cuda_dequantize_host(nb_ctx *ctx, nb_qformat f, const uint8_t *q, const uint8_t *s, int64_t rows,
+NB_API nb_status nb_cuda_dequantize_host(nb_ctx *ctx, nb_qformat f, const uint8_t *q, const uint8_t *s, int64_t rows,
                                   int64_t n, const nb_cuda_qargs *a, void *y, nb_dtype ydt);
-nb_status nb_cuda_fake_quant_host(nb_ctx *ctx, nb_qformat f, const void *x, nb_dtype xdt, int64_t rows, int64_t n,
+NB_API nb_status nb_cuda_fake_quant_host(nb_ctx *ctx, nb_qformat f, const void *x, nb_dtype xdt, int64_t rows, int64_t n,
                                   const nb_cuda_qargs *a, void *y, nb_dtype ydt);
 
 #endif

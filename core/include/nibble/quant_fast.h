@@ -15,10 +15,10 @@
  * quantize, fake quant, calibration and dequantize on that context fails (NB_ERR_INVALID, or
  * NB_ERR_UNSUPPORTED for a missing path) with a message naming the variable, its value and the valid
  * values, until nb_quant_set_cpu_path chooses a path explicitly. */
-const char *nb_quant_cpu_path(const nb_ctx *ctx);
+NB_API const char *nb_quant_cpu_path(const nb_ctx *ctx);
 /* Install one path for every format of this context: "auto" (the best this CPU runs), "avx512",
  * "avx2" or "reference". NB_ERR_UNSUPPORTED when the CPU (or this build) lacks the path, NB_ERR_INVALID
  * for another name. Other contexts keep theirs; call it while no quantization runs on this context. */
-nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path);
+NB_API nb_status nb_quant_set_cpu_path(nb_ctx *ctx, const char *path);
 
 #endif

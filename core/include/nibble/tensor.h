@@ -37,52 +37,52 @@ typedef struct nb_tensor {
 } nb_tensor;
 
 /* --- buffers ------------------------------------------------------------------------------ */
-nb_status nb_buffer_new(nb_ctx *ctx, size_t bytes, nb_buffer **out);            /* zero-filled heap */
+NB_API nb_status nb_buffer_new(nb_ctx *ctx, size_t bytes, nb_buffer **out);            /* zero-filled heap */
 /* Heap buffer whose contents are unspecified: for outputs every byte of which is written next
  * (saves the zero fill, a full pass over the memory). */
-nb_status nb_buffer_new_uninit(nb_ctx *ctx, size_t bytes, nb_buffer **out);
-nb_status nb_buffer_mmap(nb_ctx *ctx, const char *path, nb_buffer **out);       /* read-only map of a whole file */
+NB_API nb_status nb_buffer_new_uninit(nb_ctx *ctx, size_t bytes, nb_buffer **out);
+NB_API nb_status nb_buffer_mmap(nb_ctx *ctx, const char *path, nb_buffer **out);       /* read-only map of a whole file */
 /* Wrap memory the caller owns; free_fn(user) is called when the last reference goes (may be NULL). */
-nb_status nb_buffer_wrap(nb_ctx *ctx, void *data, size_t bytes, void (*free_fn)(void *), void *user,
+NB_API nb_status nb_buffer_wrap(nb_ctx *ctx, void *data, size_t bytes, void (*free_fn)(void *), void *user,
                          nb_buffer **out);
-void nb_buffer_retain(nb_buffer *b);
-void nb_buffer_release(nb_buffer *b);
-void *nb_buffer_data(const nb_buffer *b);
-size_t nb_buffer_size(const nb_buffer *b);
-nb_buffer_kind nb_buffer_kind_of(const nb_buffer *b);
-int nb_buffer_writable(const nb_buffer *b);
+NB_API void nb_buffer_retain(nb_buffer *b);
+NB_API void nb_buffer_release(nb_buffer *b);
+NB_API void *nb_buffer_data(const nb_buffer *b);
+NB_API size_t nb_buffer_size(const nb_buffer *b);
+NB_API nb_buffer_kind nb_buffer_kind_of(const nb_buffer *b);
+NB_API int nb_buffer_writable(const nb_buffer *b);
 
 /* --- tensors ------------------------------------------------------------------------------ */
 /* New zero-filled contiguous tensor (ndim 0 is a scalar with one element). */
-nb_status nb_tensor_new(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out);
+NB_API nb_status nb_tensor_new(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out);
 /* The same with unspecified contents (nb_buffer_new_uninit): the caller writes every element. */
-nb_status nb_tensor_new_uninit(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out);
+NB_API nb_status nb_tensor_new_uninit(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape, nb_tensor **out);
 /* Contiguous view of `buf` starting `offset` bytes in; fails if it does not fit. Retains buf. */
-nb_status nb_tensor_wrap(nb_ctx *ctx, nb_buffer *buf, nb_dtype dt, int ndim, const int64_t *shape,
+NB_API nb_status nb_tensor_wrap(nb_ctx *ctx, nb_buffer *buf, nb_dtype dt, int ndim, const int64_t *shape,
                          int64_t offset, nb_tensor **out);
 /* New tensor holding a copy of n contiguous elements at data (handy for tests and bindings). */
-nb_status nb_tensor_from_data(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape,
+NB_API nb_status nb_tensor_from_data(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t *shape,
                               const void *data, nb_tensor **out);
-void nb_tensor_retain(nb_tensor *t);
-void nb_tensor_release(nb_tensor *t);
+NB_API void nb_tensor_retain(nb_tensor *t);
+NB_API void nb_tensor_release(nb_tensor *t);
 
-int64_t nb_tensor_numel(const nb_tensor *t);
-int64_t nb_tensor_nbytes(const nb_tensor *t);           /* bytes of the elements (packed size for E2M1) */
-int nb_tensor_is_contiguous(const nb_tensor *t);
-void *nb_tensor_data(const nb_tensor *t);               /* address of element 0 */
+NB_API int64_t nb_tensor_numel(const nb_tensor *t);
+NB_API int64_t nb_tensor_nbytes(const nb_tensor *t);           /* bytes of the elements (packed size for E2M1) */
+NB_API int nb_tensor_is_contiguous(const nb_tensor *t);
+NB_API void *nb_tensor_data(const nb_tensor *t);               /* address of element 0 */
 /* Byte offset (from element 0) of logical element `linear_index` of a contiguous tensor;
  * for E2M1 this is linear_index/2 and the nibble is (linear_index & 1). */
-int64_t nb_tensor_packed_offset(const nb_tensor *t, int64_t linear_index);
+NB_API int64_t nb_tensor_packed_offset(const nb_tensor *t, int64_t linear_index);
 
 /* Views share the buffer. view = reshape of a contiguous tensor (one dim may be -1). */
-nb_status nb_tensor_view(nb_ctx *ctx, const nb_tensor *t, int ndim, const int64_t *shape, nb_tensor **out);
-nb_status nb_tensor_slice(nb_ctx *ctx, const nb_tensor *t, int dim, int64_t start, int64_t len, nb_tensor **out);
-nb_status nb_tensor_transpose(nb_ctx *ctx, const nb_tensor *t, int d0, int d1, nb_tensor **out);
+NB_API nb_status nb_tensor_view(nb_ctx *ctx, const nb_tensor *t, int ndim, const int64_t *shape, nb_tensor **out);
+NB_API nb_status nb_tensor_slice(nb_ctx *ctx, const nb_tensor *t, int dim, int64_t start, int64_t len, nb_tensor **out);
+NB_API nb_status nb_tensor_transpose(nb_ctx *ctx, const nb_tensor *t, int d0, int d1, nb_tensor **out);
 /* Copies: contiguous copy in the same dtype, and a converted contiguous copy. */
-nb_status nb_tensor_contiguous(nb_ctx *ctx, const nb_tensor *t, nb_tensor **out);
-nb_status nb_tensor_to(nb_ctx *ctx, const nb_tensor *t, nb_dtype dt, nb_tensor **out);
+NB_API nb_status nb_tensor_contiguous(nb_ctx *ctx, const nb_tensor *t, nb_tensor **out);
+NB_API nb_status nb_tensor_to(nb_ctx *ctx, const nb_tensor *t, nb_dtype dt, nb_tensor **out);
 /* Copy src into dst elementwise (same shape), converting dtypes; dst must be writable. */
-nb_status nb_tensor_copy(nb_ctx *ctx, nb_tensor *dst, const nb_tensor *src);
+NB_API nb_status nb_tensor_copy(nb_ctx *ctx, nb_tensor *dst, const nb_tensor *src);
 
 /* --- devices ------------------------------------------------------------------------------ */
 enum { NB_DEVICE_HOST = -1, NB_DEVICE_CTX = -2 /* the context's CUDA device (nb_ctx_options.cuda_device) */ };
@@ -94,7 +94,7 @@ NB_API nb_status nb_tensor_new_on(nb_ctx *ctx, int device, nb_dtype dt, int ndim
 NB_API nb_status nb_tensor_to_device(nb_ctx *ctx, const nb_tensor *t, int device, nb_tensor **out);
 
 /* Element access by multi-index (ndim entries). get returns NaN on a bad index. */
-double nb_tensor_get(const nb_tensor *t, const int64_t *idx);
-nb_status nb_tensor_set(nb_ctx *ctx, nb_tensor *t, const int64_t *idx, double v);
+NB_API double nb_tensor_get(const nb_tensor *t, const int64_t *idx);
+NB_API nb_status nb_tensor_set(nb_ctx *ctx, nb_tensor *t, const int64_t *idx, double v);
 
 #endif

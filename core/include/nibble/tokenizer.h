@@ -38,65 +38,65 @@ typedef struct nb_tokens {
     int64_t cap;
 } nb_tokens;
 
-void nb_tokens_free(nb_tokens *t);
-nb_status nb_tokens_reserve(nb_ctx *ctx, nb_tokens *t, int64_t cap);
+NB_API void nb_tokens_free(nb_tokens *t);
+NB_API nb_status nb_tokens_reserve(nb_ctx *ctx, nb_tokens *t, int64_t cap);
 
 /* Load from a tokenizer.json path, or a directory holding tokenizer.json. tokenizer_config.json
  * beside it (add_bos_token, add_eos_token, bos_token, eos_token, chat_template) and config.json (bos_token_id,
  * eos_token_id) refine BOS/EOS; without them the post_processor template decides. */
-nb_status nb_tokenizer_from_json(nb_ctx *ctx, const char *path_or_dir, nb_tokenizer **out);
+NB_API nb_status nb_tokenizer_from_json(nb_ctx *ctx, const char *path_or_dir, nb_tokenizer **out);
 /* Load from a GGUF's tokenizer.ggml.* keys (model `llama` or `gpt2`). The tokenizer copies what it
  * needs: the GGUF may be closed afterwards. */
-nb_status nb_tokenizer_from_gguf(nb_ctx *ctx, nb_gguf *g, nb_tokenizer **out);
+NB_API nb_status nb_tokenizer_from_gguf(nb_ctx *ctx, nb_gguf *g, nb_tokenizer **out);
 /* Load a SentencePiece tokenizer.model (a BPE-type ModelProto; unigram models are unsupported). */
-nb_status nb_tokenizer_from_spm(nb_ctx *ctx, const char *path, nb_tokenizer **out);
+NB_API nb_status nb_tokenizer_from_spm(nb_ctx *ctx, const char *path, nb_tokenizer **out);
 /* Any of the above by path: a directory (tokenizer.json, else tokenizer.model), *.gguf, *.model, *.json. */
-nb_status nb_tokenizer_load(nb_ctx *ctx, const char *path, nb_tokenizer **out);
-void nb_tokenizer_free(nb_tokenizer *tok);
+NB_API nb_status nb_tokenizer_load(nb_ctx *ctx, const char *path, nb_tokenizer **out);
+NB_API void nb_tokenizer_free(nb_tokenizer *tok);
 /* Write the tokenizer as Hugging Face files into dir (created if missing): tokenizer.json (a BPE
  * model that HF tokenizers, transformers and nb_tokenizer_from_json load and that encodes to the
  * same ids), tokenizer_config.json (BOS/EOS, add_bos_token, model_max_length, the chat template)
  * and special_tokens_map.json. For tokenizers from a GGUF (`gpt2` and `llama`) or a tokenizer.model;
  * NB_ERR_UNSUPPORTED for one loaded from a tokenizer.json (copy that file instead). */
-nb_status nb_tokenizer_save_json(nb_ctx *ctx, const nb_tokenizer *tok, const char *dir);
+NB_API nb_status nb_tokenizer_save_json(nb_ctx *ctx, const nb_tokenizer *tok, const char *dir);
 
 /* Encode len bytes of text (need not be NUL-terminated) and append the ids to out.
  * A tokenizer is read-only after loading: encode/decode may run on several threads at once. */
-nb_status nb_tokenizer_encode(nb_ctx *ctx, const nb_tokenizer *tok, const char *text, int64_t len,
+NB_API nb_status nb_tokenizer_encode(nb_ctx *ctx, const nb_tokenizer *tok, const char *text, int64_t len,
                               uint32_t flags, nb_tokens *out);
 /* Same into a fixed buffer: *n_out is always the number of ids the text needs; NB_ERR_SHAPE (and
  * the first cap ids written) when that exceeds cap. */
-nb_status nb_tokenizer_encode_into(nb_ctx *ctx, const nb_tokenizer *tok, const char *text, int64_t len,
+NB_API nb_status nb_tokenizer_encode_into(nb_ctx *ctx, const nb_tokenizer *tok, const char *text, int64_t len,
                                    uint32_t flags, int32_t *out, int64_t cap, int64_t *n_out);
 /* Decode ids to bytes (UTF-8 unless byte tokens split a character). *n_out is always the byte
  * count needed (no NUL is counted); out may be NULL with cap 0 to ask for the size. When cap is
  * larger than the text a NUL is written after it. NB_ERR_SHAPE when the text does not fit. */
-nb_status nb_tokenizer_decode(nb_ctx *ctx, const nb_tokenizer *tok, const int32_t *ids, int64_t n,
+NB_API nb_status nb_tokenizer_decode(nb_ctx *ctx, const nb_tokenizer *tok, const int32_t *ids, int64_t n,
                               uint32_t flags, char *out, int64_t cap, int64_t *n_out);
 
-int32_t nb_tokenizer_vocab_size(const nb_tokenizer *tok);
-int32_t nb_tokenizer_bos(const nb_tokenizer *tok);          /* -1 when the model has none */
-int32_t nb_tokenizer_eos(const nb_tokenizer *tok);          /* -1 when the model has none */
-int32_t nb_tokenizer_unk(const nb_tokenizer *tok);          /* -1 when the model has none */
-int nb_tokenizer_add_bos(const nb_tokenizer *tok);          /* what NB_TOK_ADD_SPECIAL does */
-int nb_tokenizer_add_eos(const nb_tokenizer *tok);
+NB_API int32_t nb_tokenizer_vocab_size(const nb_tokenizer *tok);
+NB_API int32_t nb_tokenizer_bos(const nb_tokenizer *tok);          /* -1 when the model has none */
+NB_API int32_t nb_tokenizer_eos(const nb_tokenizer *tok);          /* -1 when the model has none */
+NB_API int32_t nb_tokenizer_unk(const nb_tokenizer *tok);          /* -1 when the model has none */
+NB_API int nb_tokenizer_add_bos(const nb_tokenizer *tok);          /* what NB_TOK_ADD_SPECIAL does */
+NB_API int nb_tokenizer_add_eos(const nb_tokenizer *tok);
 /* "spm" (SentencePiece pieces and scores), "bpe" (SentencePiece-style BPE with merges) or
  * "byte-bpe" (byte-level BPE with merges). */
-const char *nb_tokenizer_kind(const nb_tokenizer *tok);
+NB_API const char *nb_tokenizer_kind(const nb_tokenizer *tok);
 /* The pre-tokenizer name ("gpt-2", "qwen2", "llama-bpe", "json", "none"...). */
-const char *nb_tokenizer_pre(const nb_tokenizer *tok);
+NB_API const char *nb_tokenizer_pre(const nb_tokenizer *tok);
 /* The token's text as the vocabulary spells it ("▁Hello", "Ġworld", "<0x0A>"); NULL if id is out of range. */
-const char *nb_tokenizer_token_text(const nb_tokenizer *tok, int32_t id, uint32_t *len);
+NB_API const char *nb_tokenizer_token_text(const nb_tokenizer *tok, int32_t id, uint32_t *len);
 /* The bytes the token stands for when decoded on its own (" Hello", "\n"); NULL if out of range. */
-const char *nb_tokenizer_token_bytes(const nb_tokenizer *tok, int32_t id, uint32_t *len);
-nb_token_type nb_tokenizer_token_type(const nb_tokenizer *tok, int32_t id);
+NB_API const char *nb_tokenizer_token_bytes(const nb_tokenizer *tok, int32_t id, uint32_t *len);
+NB_API nb_token_type nb_tokenizer_token_type(const nb_tokenizer *tok, int32_t id);
 /* Id of the token spelled exactly `text` (vocabulary spelling), or -1. */
-int32_t nb_tokenizer_find(const nb_tokenizer *tok, const char *text, int64_t len);
+NB_API int32_t nb_tokenizer_find(const nb_tokenizer *tok, const char *text, int64_t len);
 /* End-of-generation: EOS, or a control token like <|eot_id|>, <|im_end|>, <|endoftext|>, <end_of_turn>. */
-int nb_tokenizer_is_eog(const nb_tokenizer *tok, int32_t id);
+NB_API int nb_tokenizer_is_eog(const nb_tokenizer *tok, int32_t id);
 /* The model's chat template (Jinja source): GGUF's tokenizer.chat_template, or beside a tokenizer.json
  * chat_template.jinja, else tokenizer_config.json's "chat_template" (its "default" entry when a list).
  * NULL when the model has none; *len (if not NULL) is its byte length. */
-const char *nb_tokenizer_chat_template(const nb_tokenizer *tok, size_t *len);
+NB_API const char *nb_tokenizer_chat_template(const nb_tokenizer *tok, size_t *len);
 
 #endif

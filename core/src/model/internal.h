@@ -1,4 +1,4 @@
-/* Private definitions shared by the model runtime's files (model.c, llama.c, load.c, eval.c,
+/* Private definitions shared by the model runtime's files (model.c, transformer.c, load.c, eval.c,
  * ops.c): the nb_model structure, its per-layer activation records and small helpers. */
 #ifndef NIBBLE_MODEL_INTERNAL_H
 #define NIBBLE_MODEL_INTERNAL_H
@@ -53,7 +53,7 @@ typedef struct nb_module_rec {
     nb_linear *lin;             /* for NB_MODULE_LINEAR */
 } nb_module_rec;
 
-/* One layer's activations for the backward (see llama.c for who writes what). Pointers into an
+/* One layer's activations for the backward (see transformer.c for who writes what). Pointers into an
  * arena; the x* inputs alias the shared tensor unless that linear has an input hook. */
 typedef struct nb_layer_act {
     float *arena;

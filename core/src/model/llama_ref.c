@@ -1,5 +1,5 @@
 /* The whole decoder in float64 composed from the scalar reference ops, keeping every activation:
- * the oracle that the fast float32 forward/backward (llama.c) is compared with, and that is itself
+ * the oracle that the fast float32 forward/backward (transformer.c) is compared with, and that is itself
  * checked against finite differences on tiny random models (tests/c/test_model_grad.c). */
 #include <math.h>
 #include <stdlib.h>

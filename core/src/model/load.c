@@ -1,6 +1,6 @@
 /* Loading models: a Hugging Face directory (config.json + safetensors, one file or sharded) or a
- * GGUF file (llama / qwen2 / qwen3 architectures), into the float32 parameters of an nb_model with
- * HF names. GGUF llama q/k rows come in the interleaved RoPE layout and are permuted back to HF's
+ * GGUF file (the families of model/arch/ read from GGUF), into the float32 parameters of an nb_model
+ * with HF names. The fields every family has are read here, each family's own in model/arch/. GGUF llama q/k rows come in the interleaved RoPE layout and are permuted back to HF's
  * rotate-half layout here, so one forward serves both. Every disagreement between config and
  * weights is an error that names the field or tensor. */
 #include <errno.h>
@@ -16,6 +16,7 @@
 #include "nibble/export.h"
 #include "nibble/safetensors.h"
 #include "io/json_int.h"
+#include "model/arch/arch.h"
 #include "model/internal.h"
 
 /* ---- a tensor source: HF safetensors or GGUF, addressed by HF name -------------------------- */
@@ -196,87 +197,21 @@ static char *read_file(nb_ctx *ctx, const char *path, nb_status *st) {
     return buf;
 }
 
-typedef struct {
-    nb_ctx *ctx;
-    const char *path;
-    cJSON *root;
-    nb_status err;
-} cfgr;
-
-static const cJSON *jget(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-/* An integer field: required (fails when absent) or defaulted. */
-static int64_t jint(cfgr *c, const cJSON *o, const char *k, int required, int64_t dflt) {
-    const cJSON *v = jget(o, k);
-    if (!v) {
-        if (required && !c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: missing required field '%s'", c->path, k);
-        return dflt;
-    }
-    int64_t x;
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) {
-        if (!c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' must be an integer", c->path, k);
-        return dflt;
-    }
-    /* sizes and counts: anything past 2^31 is no model nibble can hold, and keeps products of two in int64 */
-    if (!nb_json_int(v, INT32_MIN, INT32_MAX, &x)) {
-        if (!c->err)
-            c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' is %g, outside [%d, %d]", c->path, k, v->valuedouble,
-                             INT32_MIN, INT32_MAX);
-        return dflt;
-    }
-    return x;
-}
-
 /* A token id: an integer in [0, 2^31), or -1 (none) when it is anything else. */
 static int32_t jtoken(const cJSON *v) {
     int64_t x;
     return nb_json_int(v, 0, INT32_MAX, &x) ? (int32_t)x : -1;
 }
 
-static double jnum(cfgr *c, const cJSON *o, const char *k, double dflt) {
-    const cJSON *v = jget(o, k);
-    if (!v) return dflt;
-    if (!cJSON_IsNumber(v)) {
-        if (!c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' must be a number", c->path, k);
-        return dflt;
-    }
-    return v->valuedouble;
-}
-
-static int jbool(cfgr *c, const cJSON *o, const char *k, int dflt) {
-    const cJSON *v = jget(o, k);
-    if (!v) return dflt;
-    if (!cJSON_IsBool(v)) {
-        if (!c->err) c->err = nb_fail(c->ctx, NB_ERR_FORMAT, "%s: field '%s' must be true or false", c->path, k);
-        return dflt;
-    }
-    return cJSON_IsTrue(v);
-}
-
-static const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = jget(o, k);
-    return v && cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
-static const struct { const char *model_type, *cls; int arch; } k_archs[] = {
-    {"llama", "LlamaForCausalLM", NB_ARCH_LLAMA},
-    {"mistral", "MistralForCausalLM", NB_ARCH_MISTRAL},
-    {"qwen2", "Qwen2ForCausalLM", NB_ARCH_QWEN2},
-    {"qwen3", "Qwen3ForCausalLM", NB_ARCH_QWEN3},
-};
-
 /* rope_parameters (transformers >= 5) or rope_theta + rope_scaling (older) */
-static nb_status parse_rope(cfgr *c, const cJSON *o, nb_model_config *cfg) {
-    const cJSON *rp = jget(o, "rope_parameters");
-    const cJSON *rs = jget(o, "rope_scaling");
-    cfg->rope_theta = jnum(c, o, "rope_theta", 10000.0);
+static nb_status parse_rope(nb_cfg_reader *c, const cJSON *o, nb_model_config *cfg) {
+    const cJSON *rp = nb_cfg_get(o, "rope_parameters");
+    const cJSON *rs = nb_cfg_get(o, "rope_scaling");
+    cfg->rope_theta = nb_cfg_num(c, o, "rope_theta", 10000.0);
     const cJSON *sc = NULL;
     if (rp) {
         if (!cJSON_IsObject(rp)) return nb_fail(c->ctx, NB_ERR_FORMAT, "%s: rope_parameters must be an object", c->path);
-        cfg->rope_theta = jnum(c, rp, "rope_theta", cfg->rope_theta);
+        cfg->rope_theta = nb_cfg_num(c, rp, "rope_theta", cfg->rope_theta);
         sc = rp;
     }
     if (rs) {
@@ -286,23 +221,23 @@ static nb_status parse_rope(cfgr *c, const cJSON *o, nb_model_config *cfg) {
     cfg->rope_kind = NB_ROPE_DEFAULT;
     cfg->rope_factor = 1.0;
     if (sc) {
-        const char *type = jstr(sc, "rope_type");
-        if (!type) type = jstr(sc, "type");
+        const char *type = nb_cfg_str(sc, "rope_type");
+        if (!type) type = nb_cfg_str(sc, "type");
         if (!type) type = "default";
-        double prf = jnum(c, sc, "partial_rotary_factor", 1.0);
+        double prf = nb_cfg_num(c, sc, "partial_rotary_factor", 1.0);
         if (prf != 1.0)
             return nb_fail(c->ctx, NB_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported (only 1)", c->path, prf);
         if (!strcmp(type, "default")) {
             cfg->rope_kind = NB_ROPE_DEFAULT;
         } else if (!strcmp(type, "linear")) {
             cfg->rope_kind = NB_ROPE_LINEAR;
-            cfg->rope_factor = jnum(c, sc, "factor", 0.0);
+            cfg->rope_factor = nb_cfg_num(c, sc, "factor", 0.0);
         } else if (!strcmp(type, "llama3")) {
             cfg->rope_kind = NB_ROPE_LLAMA3;
-            cfg->rope_factor = jnum(c, sc, "factor", 0.0);
-            cfg->rope_low_freq_factor = jnum(c, sc, "low_freq_factor", 0.0);
-            cfg->rope_high_freq_factor = jnum(c, sc, "high_freq_factor", 0.0);
-            cfg->rope_original_max_position = jint(c, sc, "original_max_position_embeddings", 1, 0);
+            cfg->rope_factor = nb_cfg_num(c, sc, "factor", 0.0);
+            cfg->rope_low_freq_factor = nb_cfg_num(c, sc, "low_freq_factor", 0.0);
+            cfg->rope_high_freq_factor = nb_cfg_num(c, sc, "high_freq_factor", 0.0);
+            cfg->rope_original_max_position = nb_cfg_int(c, sc, "original_max_position_embeddings", 1, 0);
         } else {
             return nb_fail(c->ctx, NB_ERR_UNSUPPORTED,
                            "%s: rope_scaling type '%s' is not supported (supported: default, linear, llama3)", c->path, type);
@@ -312,7 +247,7 @@ static nb_status parse_rope(cfgr *c, const cJSON *o, nb_model_config *cfg) {
 }
 
 static nb_status parse_hf_config(nb_ctx *ctx, const char *path, const char *text, nb_model_config *cfg, int *tie_known) {
-    cfgr c = {ctx, path, cJSON_Parse(text), NB_OK};
+    nb_cfg_reader c = {ctx, path, cJSON_Parse(text), NB_OK};
     if (!c.root || !cJSON_IsObject(c.root)) {
         cJSON_Delete(c.root);
         return nb_fail(ctx, NB_ERR_FORMAT, "%s: not a JSON object", path);
@@ -320,110 +255,69 @@ static nb_status parse_hf_config(nb_ctx *ctx, const char *path, const char *text
     const cJSON *o = c.root;
     nb_status s = NB_OK;
     nb_model_config_init(cfg);
-    const char *mt = jstr(o, "model_type");
-    int arch = -1;
-    for (size_t i = 0; mt && i < sizeof k_archs / sizeof k_archs[0]; i++)
-        if (!strcmp(mt, k_archs[i].model_type)) arch = k_archs[i].arch;
+    const char *mt = nb_cfg_str(o, "model_type");
+    const nb_arch_family *fam = nb_arch_family_named(mt);
     if (!mt) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing required field 'model_type'", path); goto done; }
-    if (arch < 0) {
-        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported model_type '%s' (supported: llama, mistral, qwen2, qwen3)",
-                    path, mt);
+    if (!fam) {
+        char names[128];
+        nb_arch_names(names, sizeof names, 0);
+        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported model_type '%s' (supported: %s)", path, mt, names);
         goto done;
     }
-    cfg->arch = arch;
-    const cJSON *archs = jget(o, "architectures");
+    cfg->arch = fam->arch;
+    const cJSON *archs = nb_cfg_get(o, "architectures");
     if (archs && cJSON_IsArray(archs)) {
         const cJSON *a0;
         cJSON_ArrayForEach(a0, archs) {
             if (!cJSON_IsString(a0)) continue;
-            int ok = 0;
-            for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
-                if (!strcmp(a0->valuestring, k_archs[i].cls) && k_archs[i].arch == arch) ok = 1;
-            if (!ok) {
+            if (strcmp(a0->valuestring, fam->hf_class) != 0) {
                 s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported architectures entry '%s' for model_type '%s'", path,
                             a0->valuestring, mt);
                 goto done;
             }
         }
     }
-    const cJSON *qcfg = jget(o, "quantization_config");
-    const char *qmethod = qcfg ? jstr(qcfg, "quant_method") : NULL;
+    const cJSON *qcfg = nb_cfg_get(o, "quantization_config");
+    const char *qmethod = qcfg ? nb_cfg_str(qcfg, "quant_method") : NULL;
     if (qcfg && !(qmethod && (!strcmp(qmethod, "modelopt") || !strcmp(qmethod, "compressed-tensors")))) {
         /* nibble's own exports (ModelOpt, compressed-tensors) are read back dequantized; others are not */
         s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: quantization_config with quant_method '%s' is not supported "
                     "(only modelopt and compressed-tensors checkpoints are read back)", path, qmethod ? qmethod : "?");
         goto done;
     }
-    const char *act = jstr(o, "hidden_act");
-    if (!act) act = jstr(o, "hidden_activation");
+    const char *act = nb_cfg_str(o, "hidden_act");
+    if (!act) act = nb_cfg_str(o, "hidden_activation");
     if (act && strcmp(act, "silu") != 0) {
         s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)", path, act);
         goto done;
     }
-    cfg->vocab_size = jint(&c, o, "vocab_size", 1, 0);
-    cfg->hidden_size = jint(&c, o, "hidden_size", 1, 0);
-    cfg->intermediate_size = jint(&c, o, "intermediate_size", 1, 0);
-    cfg->n_layers = jint(&c, o, "num_hidden_layers", 1, 0);
-    cfg->n_heads = jint(&c, o, "num_attention_heads", 1, 0);
-    cfg->n_kv_heads = jint(&c, o, "num_key_value_heads", 0, cfg->n_heads);
+    cfg->vocab_size = nb_cfg_int(&c, o, "vocab_size", 1, 0);
+    cfg->hidden_size = nb_cfg_int(&c, o, "hidden_size", 1, 0);
+    cfg->intermediate_size = nb_cfg_int(&c, o, "intermediate_size", 1, 0);
+    cfg->n_layers = nb_cfg_int(&c, o, "num_hidden_layers", 1, 0);
+    cfg->n_heads = nb_cfg_int(&c, o, "num_attention_heads", 1, 0);
+    cfg->n_kv_heads = nb_cfg_int(&c, o, "num_key_value_heads", 0, cfg->n_heads);
     if (c.err) { s = c.err; goto done; }
     if (cfg->n_heads <= 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: num_attention_heads must be positive", path); goto done; }
-    cfg->head_dim = jint(&c, o, "head_dim", 0, cfg->hidden_size / cfg->n_heads);
-    if (!jget(o, "head_dim") && cfg->hidden_size % cfg->n_heads) {
+    cfg->head_dim = nb_cfg_int(&c, o, "head_dim", 0, cfg->hidden_size / cfg->n_heads);
+    if (!nb_cfg_get(o, "head_dim") && cfg->hidden_size % cfg->n_heads) {
         s = nb_fail(ctx, NB_ERR_FORMAT, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld", path,
                     (long long)cfg->hidden_size, (long long)cfg->n_heads);
         goto done;
     }
-    cfg->max_position = jint(&c, o, "max_position_embeddings", 0, 0);
-    cfg->rms_eps = jnum(&c, o, "rms_norm_eps", 1e-6);
+    cfg->max_position = nb_cfg_int(&c, o, "max_position_embeddings", 0, 0);
+    cfg->rms_eps = nb_cfg_num(&c, o, "rms_norm_eps", 1e-6);
     if ((s = parse_rope(&c, o, cfg))) goto done;
-    double prf = jnum(&c, o, "partial_rotary_factor", 1.0);
+    double prf = nb_cfg_num(&c, o, "partial_rotary_factor", 1.0);
     if (prf != 1.0) {
         s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported (only 1)", path, prf);
         goto done;
     }
-    int attn_bias = jbool(&c, o, "attention_bias", 0);
-    cfg->mlp_bias = arch == NB_ARCH_LLAMA ? jbool(&c, o, "mlp_bias", 0) : 0;
-    if (arch == NB_ARCH_QWEN2) {
-        cfg->qkv_bias = 1;
-        cfg->o_bias = 0;
-    } else if (arch != NB_ARCH_MISTRAL) {
-        cfg->qkv_bias = cfg->o_bias = attn_bias;
-    }
-    cfg->qk_norm = arch == NB_ARCH_QWEN3;
-    /* sliding windows: mistral applies sliding_window in every layer; qwen2/3 only with
-     * use_sliding_window, per layer_types */
-    int64_t sw = jint(&c, o, "sliding_window", 0, 0);
-    if (arch == NB_ARCH_MISTRAL) {
-        cfg->sliding_window = sw;
-    } else if (arch == NB_ARCH_QWEN2 || arch == NB_ARCH_QWEN3) {
-        const cJSON *lt = jget(o, "layer_types");
-        int n_sliding = 0, n = 0;
-        const cJSON *e;
-        if (lt && cJSON_IsArray(lt)) {
-            cJSON_ArrayForEach(e, lt) {
-                n++;
-                if (cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention")) n_sliding++;
-                else if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention")) {
-                    s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: layer_types entry '%s' is not supported", path,
-                                cJSON_IsString(e) ? e->valuestring : "?");
-                    goto done;
-                }
-            }
-        } else if (jbool(&c, o, "use_sliding_window", 0)) {
-            s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: use_sliding_window without layer_types is not supported", path);
-            goto done;
-        }
-        if (n_sliding && n_sliding != n) {
-            s = nb_fail(ctx, NB_ERR_UNSUPPORTED,
-                        "%s: layer_types mixes sliding_attention and full_attention layers (not supported)", path);
-            goto done;
-        }
-        cfg->sliding_window = n_sliding ? sw : 0;
-    }
-    const cJSON *bos = jget(o, "bos_token_id");
+    /* biases, q/k norm, sliding windows: the family's own fields */
+    if ((s = fam->hf_config(&c, o, cfg))) goto done;
+    const cJSON *bos = nb_cfg_get(o, "bos_token_id");
     cfg->bos_token_id = bos ? jtoken(bos) : -1;
-    const cJSON *eos = jget(o, "eos_token_id");
+    const cJSON *eos = nb_cfg_get(o, "eos_token_id");
     cfg->n_eos = 0;
     if (eos && cJSON_IsNumber(eos)) {
         if (jtoken(eos) >= 0) cfg->eos_token_ids[cfg->n_eos++] = jtoken(eos);
@@ -432,7 +326,7 @@ static nb_status parse_hf_config(nb_ctx *ctx, const char *path, const char *text
         cJSON_ArrayForEach(e, eos) if (jtoken(e) >= 0 && cfg->n_eos < NB_MODEL_MAX_EOS) cfg->eos_token_ids[cfg->n_eos++] =
             jtoken(e);
     }
-    const cJSON *tie = jget(o, "tie_word_embeddings");
+    const cJSON *tie = nb_cfg_get(o, "tie_word_embeddings");
     *tie_known = tie ? (cJSON_IsTrue(tie) ? 1 : 0) : -1;
     if (c.err) s = c.err;
 done:
@@ -560,13 +454,14 @@ static nb_status gguf_config(nb_ctx *ctx, nb_gguf *g, const char *path, nb_model
     const char *a = k >= 0 && nb_gguf_kv_type(g, k) == NB_GGUF_STRING ? nb_gguf_kv_str(g, k, &len) : NULL;
     if (!a) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing general.architecture", path); goto done; }
     snprintf(arch, 64, "%.*s", (int)(len < 63 ? len : 63), a);
-    if (!strcmp(arch, "llama")) cfg.arch = NB_ARCH_LLAMA;
-    else if (!strcmp(arch, "qwen2")) cfg.arch = NB_ARCH_QWEN2;
-    else if (!strcmp(arch, "qwen3")) cfg.arch = NB_ARCH_QWEN3;
-    else {
-        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported GGUF architecture '%s' (supported: llama, qwen2, qwen3)", path, arch);
+    const nb_arch_family *fam = nb_arch_family_named(arch);
+    if (!fam || !fam->gguf) {
+        char names[128];
+        nb_arch_names(names, sizeof names, 1);
+        s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "%s: unsupported GGUF architecture '%s' (supported: %s)", path, arch, names);
         goto done;
     }
+    cfg.arch = fam->arch;
 #define REQ(field, key) do { int64_t _i = gkey(g, arch, key); \
         if (_i < 0) { s = nb_fail(ctx, NB_ERR_FORMAT, "%s: missing GGUF key '%s.%s'", path, arch, key); goto done; } \
         cfg.field = nb_gguf_kv_int(g, _i); } while (0)
@@ -609,10 +504,7 @@ static nb_status gguf_config(nb_ctx *ctx, nb_gguf *g, const char *path, nb_model
     if ((i = nb_gguf_find_key(g, "tokenizer.ggml.eot_token_id")) >= 0 && cfg.n_eos < NB_MODEL_MAX_EOS &&
         (cfg.n_eos == 0 || cfg.eos_token_ids[0] != (int32_t)nb_gguf_kv_int(g, i)))
         cfg.eos_token_ids[cfg.n_eos++] = (int32_t)nb_gguf_kv_int(g, i);
-    if (cfg.arch == NB_ARCH_QWEN2) cfg.qkv_bias = 1;
-    if (cfg.arch == NB_ARCH_QWEN3) cfg.qk_norm = 1;
-    if (cfg.arch == NB_ARCH_LLAMA && nb_gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0) cfg.qkv_bias = 1;
-    if (cfg.arch != NB_ARCH_QWEN2 && nb_gguf_find_tensor(g, "blk.0.attn_output.bias") >= 0) cfg.o_bias = 1;
+    fam->gguf_config(g, &cfg);   /* biases, q/k norm */
     cfg.tied = nb_gguf_find_tensor(g, "output.weight") < 0;
     int64_t rf = nb_gguf_find_tensor(g, "rope_freqs.weight");
     if (rf >= 0) cfg.rope_kind = NB_ROPE_FREQ_FACTORS;
@@ -637,7 +529,7 @@ static nb_status load_gguf(nb_ctx *ctx, const char *path, nb_model **out) {
     if ((s = new_shell(ctx, &cfg, NB_MODEL_GGUF, path, &m))) goto fail;
     S.used = calloc((size_t)(S.n_file ? S.n_file : 1), 1);
     if (!S.used) { s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); goto fail; }
-    S.permute_qk = cfg.arch == NB_ARCH_LLAMA;
+    S.permute_qk = nb_arch_family_of(cfg.arch)->gguf_interleaved_qk;
     if ((s = load_all(ctx, m, &S))) goto fail;
     if (rf >= 0) {
         S.used[rf] = 1;

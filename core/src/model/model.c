@@ -1,14 +1,15 @@
 /* The nb_model object: its config, the flat float32 parameter (and gradient) buffers with one
  * HF-named tensor view per parameter, the module tree, globs, linear hooks, random init and the
- * KV cache. The compute lives in llama.c, loading in load.c, evaluation in eval.c. */
+ * KV cache. The compute lives in transformer.c, loading in load.c (and arch/, one file per architecture
+ * family), evaluation in eval.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/arch/arch.h"
 #include "model/internal.h"
 
-static const char *const k_arch_names[] = {"llama", "mistral", "qwen2", "qwen3"};
 static const char *const k_lin_names[NB_LIN_PER_LAYER] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                           "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
                                                           "mlp.down_proj"};
@@ -43,7 +44,7 @@ nb_status nb_model_validate_config(nb_ctx *ctx, const nb_model_config *c) {
     POS(n_kv_heads);
     POS(head_dim);
 #undef POS
-    if (c->arch < 0 || c->arch > NB_ARCH_QWEN3)
+    if (!nb_arch_family_of(c->arch))
         return nb_fail(ctx, NB_ERR_UNSUPPORTED, "model config: unknown arch %d", (int)c->arch);
     if (c->n_heads % c->n_kv_heads)
         return nb_fail(ctx, NB_ERR_INVALID, "model config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
@@ -359,7 +360,8 @@ const nb_model_config *nb_model_get_config(const nb_model *m) { return &m->cfg; 
 int32_t nb_model_format_of(const nb_model *m) { return m->format; }
 const char *nb_model_path(const nb_model *m) { return m->path ? m->path : ""; }
 const char *nb_model_arch_name(const nb_model *m) {
-    return m->cfg.arch >= 0 && m->cfg.arch <= NB_ARCH_QWEN3 ? k_arch_names[m->cfg.arch] : "?";
+    const nb_arch_family *f = nb_arch_family_of(m->cfg.arch);
+    return f ? f->name : "?";
 }
 
 int64_t nb_model_param_count(const nb_model *m) { return m->n_params; }

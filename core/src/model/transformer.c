@@ -1,4 +1,5 @@
-/* Forward and backward of the Llama-family decoder (llama, mistral, qwen2, qwen3) in float32.
+/* Forward and backward, in float32, of the transformer block every architecture family shares
+ * (llama, mistral, qwen2, qwen3: model/arch/ sets which biases, norms and windows a model has).
  * One code path: RMSNorm -> q/k/v (+bias) -> [q/k RMSNorm] -> RoPE (rotate-half) -> causal GQA
  * attention -> o -> residual -> RMSNorm -> SwiGLU MLP -> residual; final RMSNorm; lm_head.
  * The backward either reuses every layer's activations or recomputes one layer at a time from the
