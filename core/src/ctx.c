@@ -14,6 +14,7 @@
 
 #include "nibble/ctx.h"
 #include "nibble/cuda.h"
+#include "nibble/ops.h"   /* nb_simd_level: its NB_API declaration gives the definition its visibility */
 #include "nibble/quant_fast.h"
 #include "backend.h"
 #include "cpu/blas_internal.h"
