@@ -44,103 +44,57 @@ extern "C" {
 
 /* ---- bits and rounded operations ---------------------------------------------------------------- */
 
-NBN_FN uint32_t nbn_f2u(float f) {
+/* Bit casts, leading zeros, and a op b rounded to nearest even on its own (the *_rn forms leave a NaN
+ * result's bits to the hardware). */
 #ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
+NBN_FN uint32_t nbn_f2u(float f) { return __float_as_uint(f); }
+NBN_FN float nbn_u2f(uint32_t u) { return __uint_as_float(u); }
+NBN_FN int nbn_clz32(uint32_t u) { return __clz((int)u); }   /* u != 0 */
+NBN_FN float nbn_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+NBN_FN float nbn_div_rn(float a, float b) { return __fdiv_rn(a, b); }
+NBN_FN float nbn_add_rn(float a, float b) { return __fadd_rn(a, b); }
+NBN_FN float nbn_sub_rn(float a, float b) { return __fsub_rn(a, b); }
+NBN_FN double nbn_dadd_rn(double a, double b) { return __dadd_rn(a, b); }
 #else
+NBN_FN uint32_t nbn_f2u(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
-#endif
 }
-
 NBN_FN float nbn_u2f(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
     float f;
     memcpy(&f, &u, 4);
     return f;
-#endif
 }
-
-/* Count of leading zero bits of u != 0. */
-NBN_FN int nbn_clz32(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __clz((int)u);
-#else
-    return __builtin_clz(u);
+NBN_FN int nbn_clz32(uint32_t u) { return __builtin_clz(u); }   /* u != 0 */
+NBN_FN float nbn_mul_rn(float a, float b) { return a * b; }
+NBN_FN float nbn_div_rn(float a, float b) { return a / b; }
+NBN_FN float nbn_add_rn(float a, float b) { return a + b; }
+NBN_FN float nbn_sub_rn(float a, float b) { return a - b; }
+NBN_FN double nbn_dadd_rn(double a, double b) { return a + b; }
 #endif
-}
 
 /* The x86 SSE NaN of an operation a op b with result r, which the CPU references produce and the tests
  * compare bit for bit: a NaN operand comes back quieted with its sign and payload (the first one), an
  * invalid operation (0*inf, 0/0, inf-inf) gives the "default NaN" 0xFFC00000. A GPU would return its
- * canonical 0x7FFFFFFF instead. */
+ * canonical 0x7FFFFFFF instead; a CPU's own result is the reference's already. */
 NBN_FN float nbn_x86_nan(float a, float b, float r) {
+#ifdef __CUDA_ARCH__
     if (r == r) return r;
     if (a != a) return nbn_u2f(nbn_f2u(a) | 0x00400000u);
     if (b != b) return nbn_u2f(nbn_f2u(b) | 0x00400000u);
     return nbn_u2f(0xFFC00000u);
-}
-
-/* a op b rounded to nearest even on its own; a NaN result's bits as x86 gives them. */
-NBN_FN float nbn_mul(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return nbn_x86_nan(a, b, __fmul_rn(a, b));
 #else
-    return a * b;
+    (void)a;
+    (void)b;
+    return r;
 #endif
 }
 
-NBN_FN float nbn_div(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return nbn_x86_nan(a, b, __fdiv_rn(a, b));
-#else
-    return a / b;
-#endif
-}
-
-NBN_FN float nbn_sub(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return nbn_x86_nan(a, b, __fsub_rn(a, b));
-#else
-    return a - b;
-#endif
-}
-
-/* The same roundings with a NaN result's bits left to the hardware. */
-NBN_FN float nbn_mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-NBN_FN float nbn_div_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-
-NBN_FN float nbn_add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-NBN_FN double nbn_dadd_rn(double a, double b) {
-#ifdef __CUDA_ARCH__
-    return __dadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
+/* The operations of the references: rounded on their own, a NaN result's bits as x86 gives them. */
+NBN_FN float nbn_mul(float a, float b) { return nbn_x86_nan(a, b, nbn_mul_rn(a, b)); }
+NBN_FN float nbn_div(float a, float b) { return nbn_x86_nan(a, b, nbn_div_rn(a, b)); }
+NBN_FN float nbn_sub(float a, float b) { return nbn_x86_nan(a, b, nbn_sub_rn(a, b)); }
 
 /* 2^e as an exact f32 for e in [-127, 128] (ldexpf(1, e): 2^-127 is the subnormal 0x00400000, 2^128
  * is inf; below -127 gives 0). */
@@ -221,43 +175,38 @@ NBN_FN uint8_t nbn_f32_to_fp8_raw(float f, int mbits, int bias, uint32_t fp8_max
 /* E4M3FN: RNE, non-saturating (>= 480 -> NaN 0x7F). */
 NBN_FN uint8_t nbn_f32_to_e4m3_raw(float f) { return nbn_f32_to_fp8_raw(f, 3, 7, 1087u << 20, 0); }
 
-/* NaN -> 0x7F, clamp to ±448 (saturating, as torch >= 2.13), then RNE. */
-NBN_FN uint8_t nbn_f32_to_e4m3(float x) {
-    if (x != x) return 0x7F;
-    if (x > 448.0f) x = 448.0f;
-    if (x < -448.0f) x = -448.0f;
-    return nbn_f32_to_e4m3_raw(x);
+/* The value of an FP8 code (exact in f32), one body for both formats as above: normals by exponent
+ * rebias, subnormals m * 2^(1-bias-mbits); the all-ones exponent is Inf / NaN (E5M2, has_inf) or, with
+ * all-ones mantissa, NaN (E4M3FN). A NaN keeps its sign (the C library's NAN / -NAN, 0x7FC00000 /
+ * 0xFFC00000). */
+NBN_FN float nbn_fp8_to_f32(uint8_t b, int mbits, int bias, int has_inf) {
+    const uint32_t emax = (1u << (7 - mbits)) - 1, mmask = (1u << mbits) - 1;
+    const uint32_t e = (b >> mbits) & emax, m = b & mmask;
+    const uint32_t sign = (uint32_t)(b & 0x80) << 24;
+    if (e == emax && (has_inf || m == mmask)) return nbn_u2f(sign | (m ? 0x7FC00000u : 0x7F800000u));
+    if (e == 0) return nbn_u2f(sign | nbn_f2u(nbn_mul_rn((float)m, nbn_pow2(1 - bias - mbits))));
+    return nbn_u2f(sign | ((e + 127 - (uint32_t)bias) << 23) | (m << (23 - mbits)));
 }
 
-/* Every value is exact in f32: normals by exponent rebias, subnormals m * 2^-9; 0x7F / 0xFF are NaN
- * with the sign (the C library's NAN / -NAN, 0x7FC00000 / 0xFFC00000). */
-NBN_FN float nbn_e4m3_to_f32(uint8_t b) {
-    uint32_t e = (b >> 3) & 0xF, m = b & 7;
-    uint32_t sign = (uint32_t)(b & 0x80) << 24;
-    if (e == 15 && m == 7) return nbn_u2f(sign | 0x7FC00000u);
-    if (e == 0) return nbn_u2f(sign | nbn_f2u(nbn_mul_rn((float)m, 0x1p-9f)));
-    return nbn_u2f(sign | ((e + 120) << 23) | (m << 20));
+/* |x| clamped to max (a NaN passes through). */
+NBN_FN float nbn_clamp_abs(float x, float max) {
+    if (x > max) x = max;
+    if (x < -max) x = -max;
+    return x;
 }
+
+/* NaN -> 0x7F, clamp to ±448 (saturating, as torch >= 2.13), then RNE. */
+NBN_FN uint8_t nbn_f32_to_e4m3(float x) { return x != x ? (uint8_t)0x7F : nbn_f32_to_e4m3_raw(nbn_clamp_abs(x, 448.0f)); }
+
+NBN_FN float nbn_e4m3_to_f32(uint8_t b) { return nbn_fp8_to_f32(b, 3, 7, 0); }
 
 /* E5M2: RNE; >= 2^16 -> Inf, NaN -> 0x7F. */
 NBN_FN uint8_t nbn_f32_to_e5m2_raw(float f) { return nbn_f32_to_fp8_raw(f, 2, 15, 143u << 23, 1); }
 
 /* NaN -> 0x7F, clamp to ±57344, then RNE. */
-NBN_FN uint8_t nbn_f32_to_e5m2(float x) {
-    if (x != x) return 0x7F;
-    if (x > 57344.0f) x = 57344.0f;
-    if (x < -57344.0f) x = -57344.0f;
-    return nbn_f32_to_e5m2_raw(x);
-}
+NBN_FN uint8_t nbn_f32_to_e5m2(float x) { return x != x ? (uint8_t)0x7F : nbn_f32_to_e5m2_raw(nbn_clamp_abs(x, 57344.0f)); }
 
-/* Exact: ±Inf, ±NaN (0x7FC00000 with the sign), subnormals m * 2^-16, normals by exponent rebias. */
-NBN_FN float nbn_e5m2_to_f32(uint8_t b) {
-    uint32_t e = (b >> 2) & 0x1F, m = b & 3;
-    uint32_t sign = (uint32_t)(b & 0x80) << 24;
-    if (e == 31) return nbn_u2f(sign | (m ? 0x7FC00000u : 0x7F800000u));
-    if (e == 0) return nbn_u2f(sign | nbn_f2u(nbn_mul_rn((float)m, 0x1p-16f)));
-    return nbn_u2f(sign | ((e + 112) << 23) | (m << 21));
-}
+NBN_FN float nbn_e5m2_to_f32(uint8_t b) { return nbn_fp8_to_f32(b, 2, 15, 1); }
 
 /* ---- E8M0 (UE8M0) -------------------------------------------------------------------------------- */
 
