@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "cpu/fast_internal.h"
-#include "quant/numerics.h"
 
 /* ---- NVFP4 threshold table (portable C: the reference's own arithmetic) ----------------------- */
 

@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "cpu/fast_internal.h"
-#include "quant/numerics.h"
 #include "nibble/quant_fast.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "cpu/fast_internal.h"
-#include "quant/numerics.h"
 
 /* Bit-exactness needs every product and quotient rounded on its own: no contraction into FMA. */
 #if defined(__clang__)
