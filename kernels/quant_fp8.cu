@@ -5,7 +5,7 @@
 #include "quant_common.cuh"
 
 __device__ __noinline__ uint8_t nbq_fp8_code_slow(float x, float s, int div_dtype) {
-    return nbq_f32_to_e4m3(nbq_fp8_scaled(x, s, div_dtype));
+    return nbn_fp8_code(x, s, div_dtype);
 }
 
 template <int DD>
@@ -15,12 +15,12 @@ __global__ void nbq_fp8_kernel(int op, const void *x, int xdt, const uint8_t *qi
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const float sc = row_scale ? row_scale[i / n] : scale;
         if (op == NBQ_OP_DEQUANTIZE) {
-            nbq_store(y, ydt, i, nbq_mul(nbq_e4m3_to_f32(qin[i]), sc));
+            nbq_store(y, ydt, i, nbn_mul(nbn_e4m3_to_f32(qin[i]), sc));
             continue;
         }
         const float r = row_scale ? nbq_fp8_recip(sc) : recip;
         const uint8_t e = nbq_fp8_code<DD>(nbq_load(x, xdt, i), sc, r);
-        if (op == NBQ_OP_FAKE) nbq_store(y, ydt, i, nbq_mul(nbq_e4m3_to_f32(e), sc));
+        if (op == NBQ_OP_FAKE) nbq_store(y, ydt, i, nbn_mul(nbn_e4m3_to_f32(e), sc));
         else q[i] = e;
     }
 }

@@ -16,11 +16,11 @@ __global__ void nbq_mxfp8_quant_kernel(const void *x, int xdt, int64_t rows, int
             if (v > m) m = v;
         }
         const uint8_t code = nbq_mx_scale_byte(m, a);
-        const float sf = nbq_pow2(127 - (int)code), d = nbq_pow2((int)code - 127);
+        const float sf = nbn_pow2(127 - (int)code), d = nbn_pow2((int)code - 127);
         if (!y) s[g] = code;
         for (int i = 0; i < NB_MXFP8_BLOCK; i++) {
-            const uint8_t e = nbq_f32_to_e4m3(nbq_mul(xb[i], sf));
-            if (y) nbq_store(y, ydt, base + i, nbq_mul(nbq_e4m3_to_f32(e), d));
+            const uint8_t e = nbn_mxfp8_code(xb[i], sf);
+            if (y) nbq_store(y, ydt, base + i, nbn_mul(nbn_e4m3_to_f32(e), d));
             else q[base + i] = e;
         }
     }
@@ -29,9 +29,9 @@ __global__ void nbq_mxfp8_quant_kernel(const void *x, int xdt, int64_t rows, int
 __global__ void nbq_mxfp8_dequant_kernel(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t n, void *y, int ydt) {
     const int64_t nblk = n / NB_MXFP8_BLOCK, total = rows * nblk;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
-        const float d = nbq_pow2((int)s[g] - 127);
+        const float d = nbn_pow2((int)s[g] - 127);
         const int64_t base = g * NB_MXFP8_BLOCK;
-        for (int i = 0; i < NB_MXFP8_BLOCK; i++) nbq_store(y, ydt, base + i, nbq_mul(nbq_e4m3_to_f32(q[base + i]), d));
+        for (int i = 0; i < NB_MXFP8_BLOCK; i++) nbq_store(y, ydt, base + i, nbn_mul(nbn_e4m3_to_f32(q[base + i]), d));
     }
 }
 
@@ -63,7 +63,7 @@ __global__ void nbq_mxfp8_quant8_kernel(const void *x, int64_t rows, int64_t n, 
             }
             if (!on) continue;
             const uint8_t code = nbq_mx_scale_byte(m, a);
-            const float sf = nbq_pow2(127 - (int)code);
+            const float sf = nbn_pow2(127 - (int)code);
             if ((g & 3) == 0) s[g / 4] = code;
             uint32_t w[2] = {0, 0};
 #pragma unroll

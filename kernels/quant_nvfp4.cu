@@ -1,5 +1,5 @@
 // NVFP4 and four_over_six kernels: one thread per 16-element block, the exact arithmetic of the
-// scalar reference rows (core/src/quant/nvfp4.c) through the device copies in quant_common.cuh.
+// scalar reference rows (core/src/quant/nvfp4.c), from the same block arithmetic (quant/numerics.h).
 #include "quant_common.cuh"
 
 __global__ void nbq_nvfp4_quant_kernel(const void *x, int xdt, int64_t rows, int64_t n, nbq_kargs a, float norm,
@@ -10,11 +10,11 @@ __global__ void nbq_nvfp4_quant_kernel(const void *x, int xdt, int64_t rows, int
         float xb[NB_NVFP4_BLOCK];
         for (int i = 0; i < NB_NVFP4_BLOCK; i++) xb[i] = nbq_load(x, xdt, base + i);
         const uint8_t sb = nbq_nvfp4_block_scale(xb, a, r, b, nblk, norm, pick46);
-        const float p = nbq_block_divisor(sb, a.scale);
+        const float p = nbn_nvfp4_divisor(sb, a.scale);
         uint8_t c[NB_NVFP4_BLOCK];
-        for (int i = 0; i < NB_NVFP4_BLOCK; i++) c[i] = nbq_f32_to_e2m1(nbq_div(xb[i], p));
+        for (int i = 0; i < NB_NVFP4_BLOCK; i++) c[i] = nbn_nvfp4_code(xb[i], p);
         if (y) {
-            for (int i = 0; i < NB_NVFP4_BLOCK; i++) nbq_store(y, ydt, base + i, nbq_mul(nbq_e2m1_deq(c[i]), p));
+            for (int i = 0; i < NB_NVFP4_BLOCK; i++) nbq_store(y, ydt, base + i, nbn_mul(nbn_e2m1_deq(c[i]), p));
         } else {
             s[g] = sb;
             for (int j = 0; j < NB_NVFP4_BLOCK / 2; j++) q[g * 8 + j] = (uint8_t)(c[2 * j] | (c[2 * j + 1] << 4));
@@ -26,12 +26,12 @@ __global__ void nbq_nvfp4_dequant_kernel(const uint8_t *q, const uint8_t *s, int
                                          int ydt) {
     const int64_t nblk = n / NB_NVFP4_BLOCK, total = rows * nblk;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < total; g += (int64_t)gridDim.x * blockDim.x) {
-        const float p = nbq_block_divisor(s[g], s2);
+        const float p = nbn_nvfp4_divisor(s[g], s2);
         const int64_t base = g * NB_NVFP4_BLOCK;
         for (int j = 0; j < NB_NVFP4_BLOCK / 2; j++) {
             const uint8_t byte = q[g * 8 + j];
-            nbq_store(y, ydt, base + 2 * j, nbq_mul(nbq_e2m1_deq(byte & 0xF), p));
-            nbq_store(y, ydt, base + 2 * j + 1, nbq_mul(nbq_e2m1_deq(byte >> 4), p));
+            nbq_store(y, ydt, base + 2 * j, nbn_mul(nbn_e2m1_deq(byte & 0xF), p));
+            nbq_store(y, ydt, base + 2 * j + 1, nbn_mul(nbn_e2m1_deq(byte >> 4), p));
         }
     }
 }
@@ -48,9 +48,9 @@ __global__ void nbq_nvfp4_quant16_kernel(const void *x, int xdt, int64_t rows, i
         nbq_load8(x, xdt, g * NB_NVFP4_BLOCK, xb);
         nbq_load8(x, xdt, g * NB_NVFP4_BLOCK + 8, xb + 8);
         const uint8_t sb = nbq_nvfp4_block_scale(xb, a, 0, g, nblk, norm, pick46);   // block_amax[g]: rows are contiguous
-        const float p = nbq_block_divisor(sb, a.scale);
+        const float p = nbn_nvfp4_divisor(sb, a.scale);
         uint32_t w[2] = {0, 0};
-        for (int i = 0; i < NB_NVFP4_BLOCK; i++) w[i / 8] |= (uint32_t)nbq_f32_to_e2m1(nbq_div(xb[i], p)) << (4 * (i % 8));
+        for (int i = 0; i < NB_NVFP4_BLOCK; i++) w[i / 8] |= (uint32_t)nbn_nvfp4_code(xb[i], p) << (4 * (i % 8));
         s[g] = sb;
         ((uint2 *)q)[g] = make_uint2(w[0], w[1]);
     }
@@ -59,11 +59,12 @@ __global__ void nbq_nvfp4_quant16_kernel(const void *x, int xdt, int64_t rows, i
 enum { NBQ_TAB_UNROLL = 2 };   // blocks per thread in nbq_nvfp4_tab16_kernel, their loads issued together
 
 // BF16 quantize by the threshold table of core/src/cpu/fast_avx512.c (nbq_nv_table): for each scale
-// byte sb whose divisor p = e4m3(sb) * s2 is positive and at most 2^16, th[sb][j] + 1 is the smallest
-// bf16 magnitude whose quotient by p reaches the j-th E2M1 rounding boundary, found by binary search
-// with the reference's own division. An element's code is then the count of thresholds its magnitude
-// passes (nbq_e2m1_count2, two elements at a time), and its sign bit (set for negative non-zero x: with p <= 2^16 no bf16 quotient underflows to
-// -0). Each thread block builds the table in shared memory (126 x 7 searches of 16 divisions), then
+// byte sb whose divisor p = e4m3(sb) * s2 is positive and at most 2^16 (nbn_e2m1_table_ok),
+// th[sb][j] + 1 is the smallest bf16 magnitude whose quotient by p reaches the j-th E2M1 rounding
+// boundary (nbn_e2m1_threshold: binary search with the reference's own division, the same function
+// as the CPU table's). An element's code is then the count of thresholds its magnitude passes
+// (nbq_e2m1_count2, two elements at a time), and its sign bit (set for negative non-zero x: with
+// p <= 2^16 no bf16 quotient underflows to -0). Each thread block builds the table in shared memory (126 x 7 searches of 16 divisions), then
 // takes 16-element blocks like nbq_nvfp4_quant16_kernel, NBQ_TAB_UNROLL of them per thread with their
 // loads issued together; a block with a NaN or a scale byte outside the table runs the reference
 // arithmetic.
@@ -118,25 +119,16 @@ __global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t 
                                        uint8_t *s) {
     __shared__ __align__(16) uint32_t th[128][8];   // T_j - 1 in both halves; [7] unused
     __shared__ uint8_t ok[128];
-    const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
     for (int i = threadIdx.x; i < 128; i += blockDim.x) {
-        const float p = nbq_block_divisor((uint8_t)i, a.scale);
-        ok[i] = i >= 1 && i <= 0x7E && p > 0.0f && p <= 0x1p16f;
+        ok[i] = nbn_e2m1_table_ok(i, nbn_nvfp4_divisor((uint8_t)i, a.scale));
         th[i][7] = 0;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < 128 * 7; i += blockDim.x) {
         const int sb = i / 7, j = i % 7;
         if (!ok[sb]) continue;
-        const float p = nbq_block_divisor((uint8_t)sb, a.scale), b = bounds[j];
-        uint32_t lo = 0, hi = 0x7F80;   // smallest finite magnitude passing; 0x7F80 = none (only Inf)
-        while (lo < hi) {
-            const uint32_t mid = (lo + hi) / 2;
-            const float v = __fdiv_rn(nbq_bf16_to_f32((uint16_t)mid), p);
-            if ((j & 1) ? v >= b : v > b) hi = mid;
-            else lo = mid + 1;
-        }
-        th[sb][j] = (lo - 1) * 0x00010001u;   // lo >= 1: a zero magnitude never passes
+        // the threshold is >= 1: a zero magnitude never passes
+        th[sb][j] = (nbn_e2m1_threshold(nbn_nvfp4_divisor((uint8_t)sb, a.scale), j) - 1) * 0x00010001u;
     }
     __syncthreads();
     const int64_t total = rows * (n / NB_NVFP4_BLOCK), span = (int64_t)blockDim.x * NBQ_TAB_UNROLL;
@@ -159,8 +151,8 @@ __global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t 
             uint32_t nan = 0;   // a magnitude above Inf's pattern: m + 0x7F reaches bit 15 (no carry out of a half)
 #pragma unroll
             for (int i = 0; i < 8; i++) nan |= ((wv[i] & 0x7FFF7FFFu) + 0x007F007Fu) & 0x80008000u;
-            const uint8_t sb = a.block_amax ? nbq_block_scale_static(a.block_amax[g], a.global_amax, norm)
-                                            : nbq_block_scale_dynamic(nbq_bf16_to_f32((uint16_t)mx), a.scale);
+            const uint8_t sb = a.block_amax ? nbn_nvfp4_block_scale_static(a.block_amax[g], a.global_amax, norm)
+                                            : nbn_nvfp4_block_scale_dynamic(nbn_bf16_to_f32((uint16_t)mx), a.scale);
             uint32_t w[2] = {0, 0};
             if (!nan && ok[sb & 0x7F] && !(sb & 0x80)) {
                 const uint4 t0 = *(const uint4 *)&th[sb][0], t1 = *(const uint4 *)&th[sb][4];
@@ -174,10 +166,10 @@ __global__ void nbq_nvfp4_tab16_kernel(const uint16_t *x, int64_t rows, int64_t 
                     w[i / 4] |= ((c | (c >> 12)) & 0xFFu) << (8 * (i % 4));
                 }
             } else {
-                const float p = nbq_block_divisor(sb, a.scale);
+                const float p = nbn_nvfp4_divisor(sb, a.scale);
                 for (int i = 0; i < NB_NVFP4_BLOCK; i++) {
                     const uint16_t hv = (uint16_t)(wv[i / 2] >> (16 * (i % 2)));
-                    w[i / 8] |= (uint32_t)nbq_f32_to_e2m1(nbq_div(nbq_bf16_to_f32(hv), p)) << (4 * (i % 8));
+                    w[i / 8] |= (uint32_t)nbn_nvfp4_code(nbn_bf16_to_f32(hv), p) << (4 * (i % 8));
                 }
             }
             s[g] = sb;

@@ -33,7 +33,7 @@ NB_AVX2 void nbq_avx2_mxfp8_quantize_row(const float *x, int64_t n, const nb_qro
         const float *xb = x + g * NB_MXFP8_BLOCK;
         uint8_t code = nbq_mx_scale_byte_fast(block32_absmax(xb), a->mx_floor);
         s[g] = code;
-        __m256 sf = f32(pow2_f32(127 - (int)code));
+        __m256 sf = f32(nbn_pow2(127 - (int)code));
         __m256i r = pack_bytes32(e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb), sf)),
                                  e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 8), sf)),
                                  e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 16), sf)),
@@ -45,7 +45,7 @@ NB_AVX2 void nbq_avx2_mxfp8_quantize_row(const float *x, int64_t n, const nb_qro
 NB_AVX2 void nbq_avx2_mxfp8_dequantize_row(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a,
                                            float *y) {
     for (int64_t b = 0; b < n / NB_MXFP8_BLOCK; b++) {
-        __m256 d = f32(pow2_f32((int)s[b] - 127));
+        __m256 d = f32(nbn_pow2((int)s[b] - 127));
         const uint8_t *qb = q + b * NB_MXFP8_BLOCK;
         float *yb = y + b * NB_MXFP8_BLOCK;
         for (int k = 0; k < 4; k++) _mm256_storeu_ps(yb + 8 * k, _mm256_mul_ps(e4m3_dec(load_bytes8(qb + 8 * k)), d));
@@ -71,7 +71,7 @@ NB_AVX2 void nbq_avx2_mxfp8_fake_row(const float *x, int64_t n, const nb_qrow_ar
     for (int64_t g = ng; g < nb; g++) {
         const float *xb = x + g * NB_MXFP8_BLOCK;
         uint8_t code = nbq_mx_scale_byte_fast(block32_absmax(xb), a->mx_floor);
-        __m256 sf = f32(pow2_f32(127 - (int)code)), d = f32(pow2_f32((int)code - 127));
+        __m256 sf = f32(nbn_pow2(127 - (int)code)), d = f32(nbn_pow2((int)code - 127));
         float *yb = y + g * NB_MXFP8_BLOCK;
         for (int k = 0; k < 4; k++) {
             __m256i c = e4m3_enc_nn(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), sf));
@@ -530,7 +530,7 @@ NB_AVX2 int nbq_avx2_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t n, c
         int64_t done = g * NB_MXFP8_BLOCK;
         if (done < n) {   /* a row under 8 blocks by the reference, on f32 copies (no whole block: nothing) */
             float tail[8 * NB_MXFP8_BLOCK];
-            for (int64_t k = done; k < n; k++) tail[k - done] = bf2f(x[k]);
+            for (int64_t k = done; k < n; k++) tail[k - done] = nbn_bf16_to_f32(x[k]);
             nb_mxfp8_quantize_row_ref(tail, n - done, a, q + done, s + g);
         }
         return worst >= 0x7F80u || max_mag16(x + done, n - done) >= 0x7F80u ? 2 : 0;

@@ -347,7 +347,7 @@ NB_AVX2 __attribute__((noinline)) static void nv_group_mixed(const uint16_t *xg,
                       nv_codes16(xb + 32, tab->row[sg[b + 2] & 0x7F], vm, 0), nv_codes16(xb + 48, tab->row[sg[b + 3] & 0x7F], vm, 0));
     }
     for (int b = 0; b < 16; b++)
-        if (!tab->ok[sg[b] & 0x7F] || (sg[b] & 0x80)) nv_block_ref(xg + 16 * b, nb_e4m3_to_f32(sg[b]) * s2, qg + 8 * b);
+        if (!tab->ok[sg[b] & 0x7F] || (sg[b] & 0x80)) nv_block_ref(xg + 16 * b, nbn_nvfp4_divisor(sg[b], s2), qg + 8 * b);
 }
 
 /* Every block of a BF16 row of at least 16 blocks (else none) by the table, 16 blocks a group; returns
@@ -528,7 +528,7 @@ NB_AVX2 int nbq_avx2_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64_t n
         nb_qrow_args t = tail_args(a, g);
         for (int64_t k = 0; k < rest; k++) {
             uint16_t h = x[g * NB_NVFP4_BLOCK + k];
-            tail[k] = bf2f(h);
+            tail[k] = nbn_bf16_to_f32(h);
             worst = (uint32_t)(h & 0x7FFF) > worst ? (uint32_t)(h & 0x7FFF) : worst;
         }
         if (f == NB_FMT_NVFP4) nb_nvfp4_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);

@@ -22,34 +22,14 @@
 
 /* ---- NVFP4 threshold table (portable C: the reference's own arithmetic) ----------------------- */
 
-static int nv_pred(uint16_t mag, float p, float b, int up) {
-    uint32_t u = (uint32_t)mag << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    float v = x / p;
-    return up ? v >= b : v > b;
-}
-
 void nbq_nv_table_build_range(float s2, nbq_nv_table *t, int sb_begin, int sb_end) {
-    static const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-    static const int up[7] = {0, 1, 0, 1, 0, 1, 0};
     for (int sb = sb_begin; sb < sb_end; sb++) {
         t->ok[sb] = 0;
         memset(t->row[sb], 0, sizeof t->row[sb]);   /* read (and overwritten) by the mixed-group path */
-        if (sb == 0 || sb >= 0x7F) continue;
-        float f = nb_e4m3_to_f32((uint8_t)sb);
-        float p = f * s2;   /* nvfp4.c's block_divisor */
-        if (!(p > 0.0f && p <= 0x1p16f)) continue;
+        const float p = nbn_nvfp4_divisor((uint8_t)sb, s2);   /* nvfp4.c's divisor */
+        if (!nbn_e2m1_table_ok(sb, p)) continue;
         t->ok[sb] = 1;
-        for (int j = 0; j < 7; j++) {
-            uint32_t lo = 0, hi = 0x7F80;   /* smallest finite magnitude passing, 0x7F80 = none */
-            while (lo < hi) {
-                uint32_t mid = (lo + hi) / 2;
-                if (nv_pred((uint16_t)mid, p, bounds[j], up[j])) hi = mid;
-                else lo = mid + 1;
-            }
-            t->row[sb][j] = t->row[sb][8 + j] = (int16_t)((int32_t)lo - 1);
-        }
+        for (int j = 0; j < 7; j++) t->row[sb][j] = t->row[sb][8 + j] = (int16_t)((int32_t)nbn_e2m1_threshold(p, j) - 1);
     }
 }
 
@@ -202,11 +182,8 @@ NB_AVX512 static inline __m512 zero_to_one16(__m512 v) {
 
 /* Reference codes of one pair of blocks (32 elements) with divisors p0, p1: the fallback. */
 static void nv_pair_ref(const uint16_t *x, float p0, float p1, uint8_t *q) {
-    for (int j = 0; j < 16; j++) {
-        float p = j < 8 ? p0 : p1;
-        float v0 = bf2f(x[2 * j]) / p, v1 = bf2f(x[2 * j + 1]) / p;
-        q[j] = (uint8_t)(nb_f32_to_e2m1(v0) | (nb_f32_to_e2m1(v1) << 4));
-    }
+    nv_block_ref(x, p0, q);
+    nv_block_ref(x + NB_NVFP4_BLOCK, p1, q + NB_NVFP4_BLOCK / 2);
 }
 
 /* Index words for VPSHUFB: word j of a 16-byte lane is bytes 2j, 2j+1. */
@@ -337,7 +314,7 @@ NB_AVX512 __attribute__((noinline)) static void nv_group_tab_mixed(const uint16_
     for (int b = 0; b < 16; b += 2)
         _mm_storeu_si128((__m128i *)(qg + 8 * b), nv_pair_tab(xg + 16 * b, tab->row[sg[b] & 0x7F], tab->row[sg[b + 1] & 0x7F], &tk));
     for (int b = 0; b < 16; b++)
-        if (!tab->ok[sg[b] & 0x7F] || (sg[b] & 0x80)) nv_block_ref(xg + 16 * b, nb_e4m3_to_f32(sg[b]) * s2, qg + 8 * b);
+        if (!tab->ok[sg[b] & 0x7F] || (sg[b] & 0x80)) nv_block_ref(xg + 16 * b, nbn_nvfp4_divisor(sg[b], s2), qg + 8 * b);
 }
 
 /* Scale bytes of the 16 blocks at xg (stored at sg) for nv_tab_groups512; returns whether all are
@@ -818,7 +795,7 @@ NB_AVX512 int nbq_avx512_nvfp4_table_bf16(nb_qformat f, const uint16_t *x, int64
     if (rest > 0) {
         nb_qrow_args t = *a;
         if (t.block_amax) t.block_amax += g;
-        for (int64_t k = 0; k < rest; k++) tail[k] = bf2f(x[g * NB_NVFP4_BLOCK + k]);
+        for (int64_t k = 0; k < rest; k++) tail[k] = nbn_bf16_to_f32(x[g * NB_NVFP4_BLOCK + k]);
         if (f == NB_FMT_NVFP4) nb_nvfp4_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
         else nb_nvfp4_46_quantize_row_ref(tail, rest, &t, q + g * 8, s + g);
     }
@@ -837,7 +814,7 @@ NB_AVX512 int nbq_avx512_quantize_bf16(nb_qformat f, const uint16_t *x, int64_t 
         int64_t g = mx_groups512(x, n, a, q, s, &vmax);
         int64_t rest = n - g * NB_MXFP8_BLOCK;
         if (rest > 0) {
-            for (int64_t k = 0; k < rest; k++) tail[k] = bf2f(x[g * NB_MXFP8_BLOCK + k]);
+            for (int64_t k = 0; k < rest; k++) tail[k] = nbn_bf16_to_f32(x[g * NB_MXFP8_BLOCK + k]);
             nb_mxfp8_quantize_row_ref(tail, rest, a, q + g * NB_MXFP8_BLOCK, s + g);
         }
         return row_status(vmax, x, g * NB_MXFP8_BLOCK, n);

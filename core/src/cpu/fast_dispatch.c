@@ -22,7 +22,6 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 /* ---- CPU features (features.c reads them) -------------------------------------------------------- */
@@ -71,24 +70,8 @@ const uint32_t *nbq_mx_ceil_table(void) {
 }
 
 uint8_t nbq_mx_scale_byte_fast(float block_amax, int ocp_floor) {
-    int e;
-    if (ocp_floor) {
-        if (!(block_amax > 0.0f)) return 0;
-        uint32_t u = f2u(block_amax);
-        if (u >= 0x7F800000u) return nb_mxfp8_scale_byte(block_amax, ocp_floor);
-        e = (u >= 0x00800000u ? (int)(u >> 23) - 127 : (31 - __builtin_clz(u)) - 149) - 8;   /* floor(log2) - 8 */
-        if (e < -127) e = -127;
-    } else {
-        float descale = block_amax / 448.0f;
-        if (!(descale > 0.0f)) return 0;
-        uint32_t u = f2u(descale);
-        if (u < 0x00400000u) return 0;   /* d < 2^-127: the exponent clamps to -127 */
-        if (u >= 0x7F800000u) return nb_mxfp8_scale_byte(block_amax, ocp_floor);
-        int k = u >= 0x00800000u ? (int)(u >> 23) - 127 : -127;
-        e = k + (u >= nbq_mx_ceil_table()[k + 127]);
-    }
-    if (e > 127) e = 127;
-    return (uint8_t)(e + 127);
+    int c = nbn_mxfp8_scale_byte_tab(block_amax, ocp_floor, ocp_floor ? NULL : nbq_mx_ceil_table());
+    return c >= 0 ? (uint8_t)c : nb_mxfp8_scale_byte(block_amax, ocp_floor);   /* Inf / NaN: the reference's answer */
 }
 
 /* ---- bulk dtype helpers --------------------------------------------------------------------------- */

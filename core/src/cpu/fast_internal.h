@@ -4,6 +4,7 @@
 #ifndef NIBBLE_QUANT_FAST_INTERNAL_H
 #define NIBBLE_QUANT_FAST_INTERNAL_H
 
+#include "quant/numerics.h"   /* the scalar arithmetic the fast paths' rare lanes share with the references */
 #include "quant/quant_internal.h"
 
 /* --- MXFP8 scale byte without libm ------------------------------------------------------------ */

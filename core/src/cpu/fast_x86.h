@@ -1,8 +1,9 @@
 /* x86 SIMD helpers of the fast quantizer paths (fast_avx2*.c; kept apart for wider variants): the AVX2 element
  * kernels (E4M3 / E2M1 rounding by one float add, decoders, packing), the NVFP4 block-scale and MXFP8
  * scale-byte computations on 8 blocks at a time, the dtype roundings, and the scalar reference fallbacks
- * the BF16 kernel files (fast_avx2.c, fast_avx2_nvfp4.c, fast_avx512.c) call on their rare lanes. Include only from
- * x86-64 GNU C sources, inside their own #if. */
+ * the BF16 kernel files (fast_avx2.c, fast_avx2_nvfp4.c, fast_avx512.c) call on their rare lanes: those
+ * are quant/numerics.h's element arithmetic, the references' own. Include only from x86-64 GNU C
+ * sources, inside their own #if. */
 #ifndef NIBBLE_QUANT_FAST_X86_H
 #define NIBBLE_QUANT_FAST_X86_H
 
@@ -193,16 +194,16 @@ NB_AVX2 static inline __m256 zero_to_one(__m256 v) {
     return _mm256_blendv_ps(v, f32(1.0f), _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ));
 }
 
-/* nb_nvfp4_block_scale_dynamic: pbs = amax_b / f32(6*s2). */
+/* nbn_nvfp4_block_scale_dynamic: pbs = amax_b / f32(6*s2). */
 NB_AVX2 static inline __m256i scale_dynamic(__m256 bam, float s2) {
-    float d = 6.0f * s2;
+    float d = nbn_mul(6.0f, s2);
     return scale_e4m3(zero_to_one(_mm256_div_ps(bam, f32(d))));
 }
 
-/* nb_nvfp4_block_scale_static: r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6. */
+/* nbn_nvfp4_block_scale_static: r = f32(f32(pbs*norm) / f32(G/6)), pbs = amax_b/6. */
 NB_AVX2 static inline __m256i scale_static(__m256 bam, float global_amax, float norm) {
     __m256 pbs = zero_to_one(_mm256_div_ps(bam, f32(6.0f)));
-    float pbs_max = global_amax / 6.0f;
+    float pbs_max = nbn_div(global_amax, 6.0f);
     __m256 r = _mm256_mul_ps(pbs, f32(norm));
     return scale_e4m3(_mm256_div_ps(r, f32(pbs_max)));
 }
@@ -245,15 +246,6 @@ static inline nb_qrow_args tail_args(const nb_qrow_args *a, int64_t blocks_done)
 }
 
 /* ---- MXFP8 scale bytes ----------------------------------------------------------------------------- */
-
-/* 2^(127-code) and 2^(code-127) as exact f32 (ldexpf of the reference; 2^-127 is subnormal, 2^128 inf). */
-static inline float pow2_f32(int e) {
-    uint32_t u = e >= -126 ? (uint32_t)(e + 127) << 23 : (e == -127 ? 0x00400000u : 0u);
-    if (e > 127) u = 0x7F800000u;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 NB_AVX2 static inline float block32_absmax(const float *xb) {
     __m256 m0 = _mm256_max_ps(vabs(_mm256_loadu_ps(xb)), vabs(_mm256_loadu_ps(xb + 8)));
@@ -354,21 +346,9 @@ static inline int normal_scale(float s) { return s > 0.0f && s < INFINITY; }
 
 /* ---- scalar fallbacks of the BF16 kernels (fast_avx2*.c, fast_avx512.c) --------------------------- */
 
-/* A bf16 pattern as f32 (exact). */
-static inline float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Reference FP8 codes of bf16 elements (fp8.c's arithmetic on exact bf16 -> f32 values). */
 static inline void fp8_ref_bf16(const uint16_t *x, int64_t n, float sc, int32_t dd, uint8_t *q) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = bf2f(x[i]) / sc;
-        if (dd == NB_BF16) v = nb_bf16_to_f32(nb_f32_to_bf16(v));
-        q[i] = nb_f32_to_e4m3(v);
-    }
+    for (int64_t i = 0; i < n; i++) q[i] = nbn_fp8_code(nbn_bf16_to_f32(x[i]), sc, dd);
 }
 
 /* The lanes of a 32-element step set in `lanes`, one by one by the reference (the others keep the
@@ -384,25 +364,23 @@ static inline void fp8_ref_lanes(const uint16_t *x, uint32_t lanes, float sc, in
 /* mxfp8.c's element on the lanes of a block set in `lanes` (the others keep the vector's codes):
  * x * 2^(127-code) in f32, clamp, RNE. */
 static inline void mx_ref_lanes(const uint16_t *x, uint32_t lanes, uint8_t code, uint8_t *q) {
-    float sf = pow2_f32(127 - (int)code);
+    float sf = nbn_pow2(127 - (int)code);
     for (; lanes; lanes &= lanes - 1) {
         int i = __builtin_ctz(lanes);
-        q[i] = nb_f32_to_e4m3(bf2f(x[i]) * sf);
+        q[i] = nbn_mxfp8_code(nbn_bf16_to_f32(x[i]), sf);
     }
 }
 
 /* One NVFP4 block (16 elements) with divisor p, the reference's arithmetic (nvfp4.c). */
 static inline void nv_block_ref(const uint16_t *x, float p, uint8_t *q) {
-    for (int j = 0; j < 8; j++) {
-        float v0 = bf2f(x[2 * j]) / p, v1 = bf2f(x[2 * j + 1]) / p;
-        q[j] = (uint8_t)(nb_f32_to_e2m1(v0) | (nb_f32_to_e2m1(v1) << 4));
-    }
+    for (int j = 0; j < 8; j++)
+        q[j] = (uint8_t)(nbn_nvfp4_code(nbn_bf16_to_f32(x[2 * j]), p) | (nbn_nvfp4_code(nbn_bf16_to_f32(x[2 * j + 1]), p) << 4));
 }
 
 /* Whether the pick kernels can take a's row: the threshold table the driver builds for a->scale holds
  * both candidates' codes only when that is the pick's own s2, G / 1536. */
 static inline int nv46_table_fits(const nb_qrow_args *a) {
-    const float s46 = nb_nvfp4_scale2(a->global_amax, 256.0f);
+    const float s46 = nbn_nvfp4_scale2(a->global_amax, 256.0f);
     return memcmp(&s46, &a->scale, sizeof s46) == 0;
 }
 
@@ -416,7 +394,7 @@ __attribute__((noinline, unused)) static void nv46_ref_blocks(const uint16_t *xg
     for (int b = 0; b < 16; b++) {
         if (!((mask >> b) & 1)) continue;
         float xf[NB_NVFP4_BLOCK];
-        for (int k = 0; k < NB_NVFP4_BLOCK; k++) xf[k] = bf2f(xg[b * NB_NVFP4_BLOCK + k]);
+        for (int k = 0; k < NB_NVFP4_BLOCK; k++) xf[k] = nbn_bf16_to_f32(xg[b * NB_NVFP4_BLOCK + k]);
         nb_nvfp4_46_quantize_row_ref(xf, NB_NVFP4_BLOCK, &t, qg + 8 * b, sg + b);
     }
 }

@@ -18,34 +18,20 @@
  * transformers gives 3.788669, and 17 of the 20 windows agree to float32 rounding instead of 3 (the
  * rest, and other BLAS kernels' sums, flip a few midpoints either way: tests/golden/gen_client_golden.py,
  * lua.client_golden). */
+#include "quant/numerics.h"
 #include "quant/quant_internal.h"
 
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#endif
-
-static inline float scaled(float x, float s, int32_t div_dtype) {
-    float v = x / s;
-    if (div_dtype == NB_BF16) v = nb_bf16_to_f32(nb_f32_to_bf16(v));
-    else if (div_dtype == NB_F16) v = nb_f16_to_f32(nb_f32_to_f16(v));
-    return v;
-}
-
+/* The element arithmetic (the quotient, its rounding to div_dtype, the saturating cast) is
+ * quant/numerics.h's nbn_fp8_code, which the fast paths and the CUDA kernels share. */
 void nb_fp8_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
-    for (int64_t i = 0; i < n; i++) q[i] = nb_f32_to_e4m3(scaled(x[i], a->scale, a->div_dtype));
+    for (int64_t i = 0; i < n; i++) q[i] = nbn_fp8_code(x[i], a->scale, a->div_dtype);
 }
 
 /* Loaders' dequant: float(q) * weight_scale (f32). */
 void nb_fp8_dequantize_row_ref(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = nb_e4m3_to_f32(q[i]);
-        y[i] = v * a->scale;
-    }
+    for (int64_t i = 0; i < n; i++) y[i] = nbn_mul(nbn_e4m3_to_f32(q[i]), a->scale);
 }
 
 void nb_fp8_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, float *y) {
-    for (int64_t i = 0; i < n; i++) {
-        float v = nb_e4m3_to_f32(nb_f32_to_e4m3(scaled(x[i], a->scale, a->div_dtype)));
-        y[i] = v * a->scale;
-    }
+    for (int64_t i = 0; i < n; i++) y[i] = nbn_mul(nbn_e4m3_to_f32(nbn_fp8_code(x[i], a->scale, a->div_dtype)), a->scale);
 }

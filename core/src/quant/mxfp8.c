@@ -1,13 +1,12 @@
 /* MXFP8 scalar reference rows: E4M3 elements with one E8M0 scale per 32 (FORMATS.md §5).
  * Default is ModelOpt's ceil rule, e = ceil(log2(amax/448)); the OCP floor rule
- * e = floor(log2 amax) - 8 is an option. Elements are scaled by 2^-e, clamped to ±448 (saturating). */
+ * e = floor(log2 amax) - 8 is an option. Elements are scaled by 2^-e, clamped to ±448 (saturating).
+ * The scale byte here is the libm reference the integer form in quant/numerics.h (the fast paths' and
+ * the CUDA kernels') is held to; the element arithmetic is numerics.h's. */
 #include <math.h>
 
+#include "quant/numerics.h"
 #include "quant/quant_internal.h"
-
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#endif
 
 uint8_t nb_mxfp8_scale_byte(float block_amax, int ocp_floor) {
     int e;
@@ -29,28 +28,17 @@ uint8_t nb_mxfp8_scale_byte(float block_amax, int ocp_floor) {
     return (uint8_t)(e + 127);
 }
 
-static float block_absmax(const float *x) {
-    float m = 0.0f;
-    for (int i = 0; i < NB_MXFP8_BLOCK; i++) {
-        float a = fabsf(x[i]);
-        if (a > m) m = a;
-    }
-    return m;
-}
 
 /* quantize_with_scale: w * 2^(127-code) (exact power of two in f32), clamp ±448, RNE to E4M3. */
 static void block_quant(const float *x, uint8_t code, uint8_t *q) {
-    float sf = ldexpf(1.0f, 127 - (int)code);
-    for (int i = 0; i < NB_MXFP8_BLOCK; i++) {
-        float v = x[i] * sf;
-        q[i] = nb_f32_to_e4m3(v);                    /* clamps to ±448 first */
-    }
+    float sf = nbn_pow2(127 - (int)code);
+    for (int i = 0; i < NB_MXFP8_BLOCK; i++) q[i] = nbn_mxfp8_code(x[i], sf);   /* clamps to ±448 first */
 }
 
 void nb_mxfp8_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a, uint8_t *q, uint8_t *s) {
     for (int64_t b = 0; b < n / NB_MXFP8_BLOCK; b++) {
         const float *xb = x + b * NB_MXFP8_BLOCK;
-        uint8_t code = nb_mxfp8_scale_byte(block_absmax(xb), a->mx_floor);
+        uint8_t code = nb_mxfp8_scale_byte(nbn_block_absmax(xb, NB_MXFP8_BLOCK), a->mx_floor);
         s[b] = code;
         block_quant(xb, code, q + b * NB_MXFP8_BLOCK);
     }
@@ -58,11 +46,8 @@ void nb_mxfp8_quantize_row_ref(const float *x, int64_t n, const nb_qrow_args *a,
 
 void nb_mxfp8_dequantize_row_ref(const uint8_t *q, const uint8_t *s, int64_t n, const nb_qrow_args *a, float *y) {
     for (int64_t b = 0; b < n / NB_MXFP8_BLOCK; b++) {
-        float d = ldexpf(1.0f, (int)s[b] - 127);
-        for (int i = 0; i < NB_MXFP8_BLOCK; i++) {
-            float v = nb_e4m3_to_f32(q[b * NB_MXFP8_BLOCK + i]);
-            y[b * NB_MXFP8_BLOCK + i] = v * d;
-        }
+        float d = nbn_pow2((int)s[b] - 127);
+        for (int i = 0; i < NB_MXFP8_BLOCK; i++) y[b * NB_MXFP8_BLOCK + i] = nbn_mul(nbn_e4m3_to_f32(q[b * NB_MXFP8_BLOCK + i]), d);
     }
 }
 
@@ -70,12 +55,9 @@ void nb_mxfp8_fake_row_ref(const float *x, int64_t n, const nb_qrow_args *a, flo
     uint8_t q[NB_MXFP8_BLOCK];
     for (int64_t b = 0; b < n / NB_MXFP8_BLOCK; b++) {
         const float *xb = x + b * NB_MXFP8_BLOCK;
-        uint8_t code = nb_mxfp8_scale_byte(block_absmax(xb), a->mx_floor);
+        uint8_t code = nb_mxfp8_scale_byte(nbn_block_absmax(xb, NB_MXFP8_BLOCK), a->mx_floor);
         block_quant(xb, code, q);
-        float d = ldexpf(1.0f, (int)code - 127);
-        for (int i = 0; i < NB_MXFP8_BLOCK; i++) {
-            float v = nb_e4m3_to_f32(q[i]);
-            y[b * NB_MXFP8_BLOCK + i] = v * d;
-        }
+        float d = nbn_pow2((int)code - 127);
+        for (int i = 0; i < NB_MXFP8_BLOCK; i++) y[b * NB_MXFP8_BLOCK + i] = nbn_mul(nbn_e4m3_to_f32(q[i]), d);
     }
 }

@@ -5,7 +5,8 @@
 
 #include "nibble/quant.h"
 
-/* ModelOpt's e2m1_values: code 8 (-0) dequantizes to +0.0, so fake quant and dequantize agree bitwise. */
+/* ModelOpt's e2m1_values: code 8 (-0) dequantizes to +0.0, so fake quant and dequantize agree bitwise.
+ * nbn_e2m1_deq (quant/numerics.h) as a table, for the vector kernels' loads. */
 extern const float nb_e2m1_deq[16];
 
 /* Per-tensor amax "from the data" sentinel is any negative value. */
