@@ -168,42 +168,34 @@ static void run_step(void *arg, int64_t begin, int64_t end) { step_range(arg, be
  * add, div, sqrt) or a single-rounding FMA where the reference calls fmaf, so each element gets the
  * reference's bits on every path (tests/c/test_optim.c compares them); the tail runs the reference. The
  * built-in baseline (x86-64 without FMA) turns each fmaf into a libm call, 5-10 times slower than this. */
-#define ADAMW_BODY(V, LOAD, STORE, SET1, MUL, SUB, ADD, DIV, SQRT, FMA)                                      \
-    const V wv = SET1(J->w), wm1 = SET1(J->w - 1.0f), b2 = SET1(J->b2), omb2 = SET1(J->omb2);                \
-    const V bc2s = SET1(J->bc2s), eps = SET1(J->eps), negss = SET1(J->negss), wdmul = SET1(J->wdmul);        \
-    for (; i + W <= end; i += W) {                                                                          \
-        V p = LOAD(J->p + i), g = LOAD(J->g + i), m = LOAD(J->m + i), v = LOAD(J->v + i);                    \
-        if (J->do_wd) p = MUL(p, wdmul);                                                                    \
-        V d = SUB(g, m);                                                                                    \
-        m = J->lerp_small ? FMA(wv, d, m) : FMA(wm1, d, g);                                                 \
-        V vb = MUL(v, b2);                                                                                  \
-        V gs = MUL(omb2, g);                                                                                \
-        v = FMA(gs, g, vb);                                                                                 \
-        V den = ADD(DIV(SQRT(v), bc2s), eps);                                                               \
-        V upd = DIV(MUL(negss, m), den);                                                                    \
-        STORE(J->p + i, ADD(p, upd));                                                                       \
-        STORE(J->m + i, m);                                                                                 \
-        STORE(J->v + i, v);                                                                                 \
+#define ADAMW_KERNEL(NAME, TARGET, W, V, LOAD, STORE, SET1, MUL, SUB, ADD, DIV, SQRT, FMA)                       \
+    __attribute__((target(TARGET))) static void NAME(void *arg, int64_t begin, int64_t end) {                  \
+        const step_job *J = arg;                                                                            \
+        const V wv = SET1(J->w), wm1 = SET1(J->w - 1.0f), b2 = SET1(J->b2), omb2 = SET1(J->omb2);            \
+        const V bc2s = SET1(J->bc2s), eps = SET1(J->eps), negss = SET1(J->negss), wdmul = SET1(J->wdmul);    \
+        int64_t i = begin;                                                                                  \
+        for (; i + W <= end; i += W) {                                                                      \
+            V p = LOAD(J->p + i), g = LOAD(J->g + i), m = LOAD(J->m + i), v = LOAD(J->v + i);                \
+            if (J->do_wd) p = MUL(p, wdmul);                                                                \
+            V d = SUB(g, m);                                                                                \
+            m = J->lerp_small ? FMA(wv, d, m) : FMA(wm1, d, g);                                             \
+            V vb = MUL(v, b2);                                                                              \
+            V gs = MUL(omb2, g);                                                                            \
+            v = FMA(gs, g, vb);                                                                             \
+            V den = ADD(DIV(SQRT(v), bc2s), eps);                                                           \
+            V upd = DIV(MUL(negss, m), den);                                                                \
+            STORE(J->p + i, ADD(p, upd));                                                                   \
+            STORE(J->m + i, m);                                                                             \
+            STORE(J->v + i, v);                                                                             \
+        }                                                                                                   \
+        step_range(J, i, end);                                                                              \
     }
 
-__attribute__((target("avx2,fma"))) static void run_step_avx2(void *arg, int64_t begin, int64_t end) {
-    const step_job *J = arg;
-    int64_t i = begin;
-    enum { W = 8 };
-    ADAMW_BODY(__m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_mul_ps, _mm256_sub_ps, _mm256_add_ps,
-               _mm256_div_ps, _mm256_sqrt_ps, _mm256_fmadd_ps)
-    step_range(J, i, end);
-}
-
-__attribute__((target("avx512f,avx2,fma"))) static void run_step_avx512(void *arg, int64_t begin, int64_t end) {
-    const step_job *J = arg;
-    int64_t i = begin;
-    enum { W = 16 };
-    ADAMW_BODY(__m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_mul_ps, _mm512_sub_ps, _mm512_add_ps,
-               _mm512_div_ps, _mm512_sqrt_ps, _mm512_fmadd_ps)
-    step_range(J, i, end);
-}
-#undef ADAMW_BODY
+ADAMW_KERNEL(run_step_avx2, "avx2,fma", 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_mul_ps,
+             _mm256_sub_ps, _mm256_add_ps, _mm256_div_ps, _mm256_sqrt_ps, _mm256_fmadd_ps)
+ADAMW_KERNEL(run_step_avx512, "avx512f,avx2,fma", 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
+             _mm512_mul_ps, _mm512_sub_ps, _mm512_add_ps, _mm512_div_ps, _mm512_sqrt_ps, _mm512_fmadd_ps)
+#undef ADAMW_KERNEL
 #endif
 
 /* The kernel for the process's SIMD level (NIBBLE_SIMD / nb_simd_force, as the model's row kernels). */
