@@ -1,12 +1,14 @@
 /* AdamW, clipping and the LR schedule against torch / transformers (tests/golden/gen_distill_golden.py):
  * AdamW trajectories bit for bit (params, exp_avg, exp_avg_sq, per-param step counts, a skipped grad, two
- * beta settings), a save/restore in the middle that resumes bit-identically, clip_grad_norm_ within one f32
+ * beta settings) on every SIMD path of the CPU (scalar, AVX2, AVX-512), the paths against each other bit
+ * for bit on long random tensors, a save/restore in the middle that resumes bit-identically, clip_grad_norm_ within one f32
  * ulp of torch (torch's own f32 norm may differ from the exact one by an ulp), the cosine schedule value for
  * value, gradient accumulation, and error cases. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
 #include "nbtest.h"
+#include "model/internal.h"
 
 static cJSON *G;
 static uint8_t *BLOB;
@@ -295,6 +297,65 @@ static void test_accumulate_and_errors(nb_ctx *ctx) {
     nb_tensor_release(ta); nb_tensor_release(tb); nb_tensor_release(t5); nb_tensor_release(th);
 }
 
+/* Every SIMD path against the scalar reference, bit for bit, on tensors whose lengths leave every tail
+ * (n % 16 from 0 to 15 past full vectors), with magnitudes from 1e-30 to 1e3, zeros, both lerp forms
+ * (beta1 0.9: w = 0.1 < 0.5; beta1 0.3: w = 0.7) and weight decay on and off, over several steps. */
+static void test_adamw_paths(nb_ctx *ctx) {
+    const char *paths[2] = {"avx2", "avx512"};
+    const int64_t lens[4] = {1, 15, 16 * 37 + 9, 100003};
+    for (int pi = 0; pi < 2; pi++) {
+        if (strcmp(nb_simd_force(paths[pi]), paths[pi]) != 0) { printf("adamw paths: no %s on this CPU\n", paths[pi]); continue; }
+        for (int li = 0; li < 4; li++)
+            for (int cfgi = 0; cfgi < 2; cfgi++) {
+                int64_t n = lens[li];
+                nb_tensor *p[2] = {NULL, NULL}, *g = NULL;
+                CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 1, &n, &p[0]));
+                CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 1, &n, &p[1]));
+                CHECK_OK(ctx, nb_tensor_new(ctx, NB_F32, 1, &n, &g));
+                float *p0 = nb_tensor_data(p[0]), *p1 = nb_tensor_data(p[1]), *gd = nb_tensor_data(g);
+                nb_rng r;
+                nb_rng_seed(&r, 11 + (uint64_t)li);
+                for (int64_t i = 0; i < n; i++) {
+                    double e = (double)(nb_rng_next(&r) % 34) - 30.0;   /* 1e-30 .. 1e3 */
+                    p0[i] = p1[i] = (float)((nb_rng_uniform(&r) - 0.5) * 2.0);
+                    gd[i] = i % 13 == 5 ? 0.0f : (float)((nb_rng_uniform(&r) - 0.5) * pow(10.0, e));
+                }
+                nb_adamw_cfg cfg;
+                nb_adamw_cfg_init(&cfg);
+                cfg.beta1 = cfgi ? 0.3 : 0.9;
+                cfg.weight_decay = cfgi ? 0.0 : 0.1;
+                nb_adamw *o[2] = {NULL, NULL};
+                CHECK_OK(ctx, nb_adamw_new(ctx, &cfg, 1, &p[0], &o[0]));
+                CHECK_OK(ctx, nb_adamw_new(ctx, &cfg, 1, &p[1], &o[1]));
+                const nb_tensor *gs[1] = {g};
+                for (int step = 0; step < 3; step++) {
+                    nb_simd_force("scalar");
+                    CHECK_OK(ctx, nb_adamw_step(ctx, o[0], gs, 1e-2));
+                    nb_simd_force(paths[pi]);
+                    CHECK_OK(ctx, nb_adamw_step(ctx, o[1], gs, 1e-2));
+                    for (int64_t i = 0; i < n; i++) gd[i] = gd[i] * -0.75f + 1e-3f * (float)(i % 7);
+                }
+                nb_tensor *m[2], *v[2];
+                for (int k = 0; k < 2; k++) CHECK_OK(ctx, nb_adamw_get_state(ctx, o[k], 0, &m[k], &v[k], NULL));
+                size_t bytes = (size_t)n * sizeof(float);
+                CHECK_MSG(!memcmp(p0, p1, bytes), "adamw %s n=%lld cfg %d: params differ from the scalar path", paths[pi],
+                          (long long)n, cfgi);
+                CHECK_MSG(!memcmp(nb_tensor_data(m[0]), nb_tensor_data(m[1]), bytes), "adamw %s n=%lld: exp_avg differs",
+                          paths[pi], (long long)n);
+                CHECK_MSG(!memcmp(nb_tensor_data(v[0]), nb_tensor_data(v[1]), bytes), "adamw %s n=%lld: exp_avg_sq differs",
+                          paths[pi], (long long)n);
+                CHECK(p0[0] != 0.0f);
+                nb_adamw_free(o[0]);
+                nb_adamw_free(o[1]);
+                nb_tensor_release(p[0]);
+                nb_tensor_release(p[1]);
+                nb_tensor_release(g);
+            }
+    }
+    nb_simd_force("avx2");   /* back to the best level the CPU has */
+    nb_simd_force("avx512");
+}
+
 int main(void) {
     char *js = read_all(nbt_src("tests/golden/data/distill_golden.json"));
     G = cJSON_Parse(js);
@@ -303,7 +364,15 @@ int main(void) {
     BLOB = read_all(nbt_src("tests/golden/data/distill_golden.bin"));
     nb_ctx *ctx = NULL;
     if (nb_ctx_new(2, &ctx) != NB_OK) return 1;
-    test_adamw(ctx);
+    /* the torch trajectories on every path this CPU has (37 and 5 elements: full vectors and tails) */
+    const char *paths[3] = {"scalar", "avx2", "avx512"};
+    for (int pi = 0; pi < 3; pi++) {
+        if (strcmp(nb_simd_force(paths[pi]), paths[pi]) != 0) { printf("adamw goldens: no %s on this CPU\n", paths[pi]); continue; }
+        test_adamw(ctx);
+    }
+    nb_simd_force("avx2");   /* back to the best level the CPU has */
+    nb_simd_force("avx512");
+    test_adamw_paths(ctx);
     test_clip(ctx);
     test_schedule();
     test_accumulate_and_errors(ctx);
