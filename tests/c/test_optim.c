@@ -304,7 +304,7 @@ static void test_adamw_paths(nb_ctx *ctx) {
     const char *paths[2] = {"avx2", "avx512"};
     const int64_t lens[4] = {1, 15, 16 * 37 + 9, 100003};
     for (int pi = 0; pi < 2; pi++) {
-        if (strcmp(nb_simd_force(paths[pi]), paths[pi]) != 0) { printf("adamw paths: no %s on this CPU\n", paths[pi]); continue; }
+        if (strcmp(nb_simd_force(ctx, paths[pi]), paths[pi]) != 0) { printf("adamw paths: no %s on this CPU\n", paths[pi]); continue; }
         for (int li = 0; li < 4; li++)
             for (int cfgi = 0; cfgi < 2; cfgi++) {
                 int64_t n = lens[li];
@@ -329,9 +329,9 @@ static void test_adamw_paths(nb_ctx *ctx) {
                 CHECK_OK(ctx, nb_adamw_new(ctx, &cfg, 1, &p[1], &o[1]));
                 const nb_tensor *gs[1] = {g};
                 for (int step = 0; step < 3; step++) {
-                    nb_simd_force("scalar");
+                    nb_simd_force(ctx, "scalar");
                     CHECK_OK(ctx, nb_adamw_step(ctx, o[0], gs, 1e-2));
-                    nb_simd_force(paths[pi]);
+                    nb_simd_force(ctx, paths[pi]);
                     CHECK_OK(ctx, nb_adamw_step(ctx, o[1], gs, 1e-2));
                     for (int64_t i = 0; i < n; i++) gd[i] = gd[i] * -0.75f + 1e-3f * (float)(i % 7);
                 }
@@ -352,8 +352,8 @@ static void test_adamw_paths(nb_ctx *ctx) {
                 nb_tensor_release(g);
             }
     }
-    nb_simd_force("avx2");   /* back to the best level the CPU has */
-    nb_simd_force("avx512");
+    nb_simd_force(ctx, "avx2");   /* back to the best level the CPU has */
+    nb_simd_force(ctx, "avx512");
 }
 
 int main(void) {
@@ -367,11 +367,11 @@ int main(void) {
     /* the torch trajectories on every path this CPU has (37 and 5 elements: full vectors and tails) */
     const char *paths[3] = {"scalar", "avx2", "avx512"};
     for (int pi = 0; pi < 3; pi++) {
-        if (strcmp(nb_simd_force(paths[pi]), paths[pi]) != 0) { printf("adamw goldens: no %s on this CPU\n", paths[pi]); continue; }
+        if (strcmp(nb_simd_force(ctx, paths[pi]), paths[pi]) != 0) { printf("adamw goldens: no %s on this CPU\n", paths[pi]); continue; }
         test_adamw(ctx);
     }
-    nb_simd_force("avx2");   /* back to the best level the CPU has */
-    nb_simd_force("avx512");
+    nb_simd_force(ctx, "avx2");   /* back to the best level the CPU has */
+    nb_simd_force(ctx, "avx512");
     test_adamw_paths(ctx);
     test_clip(ctx);
     test_schedule();

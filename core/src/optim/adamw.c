@@ -198,12 +198,14 @@ ADAMW_KERNEL(run_step_avx512, "avx512f,avx2,fma", 16, __m512, _mm512_loadu_ps, _
 #undef ADAMW_KERNEL
 #endif
 
-/* The kernel for the process's SIMD level (NIBBLE_SIMD / nb_simd_force, as the model's row kernels). */
-static void (*step_kernel(void))(void *, int64_t, int64_t) {
+/* The kernel for the context's SIMD level (NIBBLE_SIMD / nb_ctx_options, as the model's row kernels). */
+static void (*step_kernel(const nb_ctx *ctx))(void *, int64_t, int64_t) {
 #ifdef NB_ADAMW_X86
-    const char *level = nb_simd_level();
+    const char *level = nb_simd_level(ctx);
     if (!strcmp(level, "avx512")) return run_step_avx512;
     if (!strcmp(level, "avx2")) return run_step_avx2;
+#else
+    (void)ctx;
 #endif
     return run_step;
 }
@@ -222,7 +224,7 @@ nb_status nb_adamw_step(nb_ctx *ctx, nb_adamw *opt, const nb_tensor *const *grad
                            (long long)nb_tensor_numel(grads[i]), (long long)nb_tensor_numel(opt->params[i]));
     }
     const double b1 = opt->cfg.beta1, b2 = opt->cfg.beta2;
-    void (*kernel)(void *, int64_t, int64_t) = step_kernel();
+    void (*kernel)(void *, int64_t, int64_t) = step_kernel(ctx);
     for (int32_t i = 0; i < opt->n; i++) {
         if (!grads[i]) continue;
         int64_t t = ++opt->step[i];
