@@ -277,9 +277,11 @@ int main(int argc, char **argv) {
     nb_cpu_flags_str(info.cpu.flags, flags, sizeof flags);
     double ghz = cpu_ghz(clock_how, sizeof clock_how);
     uint32_t f = info.cpu.flags;
-    /* fp32 lanes per FMA instruction by the widest vector the CPU has; two FMA ports on every core
-     * since Haswell (some Xeon Silver/Bronze SKUs have one 512-bit port: then the peak is half) */
-    int lanes = (f & NB_CPU_AVX512F) ? 16 : (f & NB_CPU_FMA) ? 8 : 4;
+    /* fp32 lanes per FMA per cycle by the widest vector the CPU executes at full width; two FMA ports on
+     * every core since Haswell (some Xeon Silver/Bronze SKUs have one 512-bit port: then the peak is half).
+     * AMD before Zen 5 (family 25 = Zen 3/4) runs AVX-512 on 256-bit datapaths: 8 lanes per port. */
+    int amd_256 = !strcmp(info.cpu.vendor, "AuthenticAMD") && info.cpu.family < 26;
+    int lanes = ((f & NB_CPU_AVX512F) && !amd_256) ? 16 : (f & NB_CPU_FMA) ? 8 : 4;
     int fma_units = 2;
     double peak1 = fma_units * lanes * 2.0 * ghz;   /* GFLOPS per core: 2 flops per FMA lane */
     printf("peak estimate: %d FMA units x %d fp32 lanes x 2 flops x %.2f GHz (%s) = %.1f GFLOPS per core\n", fma_units,
