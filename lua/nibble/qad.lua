@@ -122,11 +122,22 @@ end
 -- grad_norm, tokens, seen, seconds, tokens_per_s, skipped, recalibrated}.
 -- A Ctrl-C that arrives once the step is done stays pending (raised by the next check or the host's
 -- hook), so the caller still gets the metrics of the step it completed.
+-- NB_ERR_INTERRUPTED with m.step set means the step completed (AdamW ran to the end before it saw the
+-- flag): the interrupt is put back as pending instead of raised here, or the step's row would be lost.
+local function completed_step(s, m)
+  if s == C.NB_ERR_INTERRUPTED and m.step > 0 then
+    local c = ctx()
+    C.nb_ctx_clear_error(c)
+    C.nb_ctx_interrupt(c)
+  elseif s ~= 0 then
+    check(s)
+  end
+  return metrics_of(m)
+end
+
 function Run:step()
   local m = ffi.new("nb_qad_metrics")
-  local s = C.nb_qad_step(ctx(), rp(self), m)
-  if s ~= 0 then check(s) end
-  return metrics_of(m)
+  return completed_step(C.nb_qad_step(ctx(), rp(self), m), m)
 end
 
 -- micro_step(tokens, targets [, mask [, denom]]): forward + backward of one micro-batch (i32 / u8 tensors
@@ -152,8 +163,7 @@ end
 -- optimizer_step(): clip, AdamW at the scheduled lr, zero grads -> metrics (step, lr, grad_norm, ...).
 function Run:optimizer_step()
   local m = ffi.new("nb_qad_metrics")
-  check(C.nb_qad_optimizer_step(ctx(), rp(self), m))
-  return metrics_of(m)
+  return completed_step(C.nb_qad_optimizer_step(ctx(), rp(self), m), m)
 end
 
 function Run:step_count() return tonumber(C.nb_qad_step_count(rp(self))) end
