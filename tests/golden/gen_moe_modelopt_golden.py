@@ -9,10 +9,16 @@ and written with the real `export_hf_checkpoint`. Cases:
   nvfp4  NVFP4_DEFAULT_CFG  W4A4 NVFP4 (input_scale from the calibrated input amax)
   fp8    FP8_DEFAULT_CFG    FP8 per tensor, weights and activations
 
-Every expert gets calibration data: the algorithm is {"method": "max", "moe_calib_experts_ratio": 1.0}, so
-during calibration ModelOpt runs each MoE block once with top_k = num_experts (every token through every
-expert, for the statistics only) and once with the real top-k for the block's output (llm-compressor's
-calibrate_all_experts). The calibration rows are CALIB_IDS (two fixed rows of 32 ids).
+Every expert gets calibration data: during the calibration forward each MoE block runs twice, once with
+the router's top_k = num_experts (every token through every expert; output discarded, for the statistics
+only) and once with the real top-k for the block's output (llm-compressor's calibrate_all_experts, and what
+ModelOpt's own moe_calib_experts_ratio = 1.0 does for the blocks it wraps). The script does this itself
+because in ModelOpt 0.47 with transformers 5 the MoE block is not wrapped (only the fused experts are), so
+{"moe_calib_experts_ratio": 1.0} is accepted and silently changes nothing (checked: identical amaxes). The
+gate_up input amax is the same either way (every token reaches some expert and the input quantizer is
+shared); the down_proj input amax is the max over all experts' SwiGLU outputs, routed or not. The
+calibration rows are CALIB_IDS (two fixed rows of 32 ids); routed_tokens in the json gives, per MoE layer,
+how many of them the real top-k sent to each expert.
 
 ModelOpt 0.47 with transformers 5 (fused [E, 2I, H] experts, _QuantFusedExperts) keeps one weight quantizer
 per expert over the fused gate_up slice (so w1/w3 = gate_proj/up_proj share one global amax and
@@ -72,6 +78,31 @@ def input_amaxes(model):
     return out
 
 
+def calibrate_all_experts(model, ids):
+    """One calibration forward in which every MoE block also runs every token through every expert."""
+    routed = {}
+    blocks = [(n, m) for n, m in model.named_modules()
+              if hasattr(m, "experts") and hasattr(getattr(m, "gate", None), "top_k")]
+    for n, b in blocks:
+        def both(hidden_states, _b=b, _n=n, _f=b.forward):
+            k = _b.gate.top_k
+            _b.gate.top_k = _b.gate.num_experts
+            try:
+                _f(hidden_states.clone())        # statistics only
+            finally:
+                _b.gate.top_k = k
+            _, _, idx = _b.gate(hidden_states.reshape(-1, hidden_states.shape[-1]))
+            routed[_n.split(".")[2]] = torch.bincount(idx.reshape(-1), minlength=_b.gate.num_experts).tolist()
+            return _f(hidden_states)
+        b.forward = both
+    try:
+        model(ids)
+    finally:
+        for _, b in blocks:
+            del b.forward
+    return routed
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     ids = torch.tensor(CALIB_IDS)
@@ -81,9 +112,10 @@ def main():
                                                          experts_implementation="eager")
             model.eval()
             cfg = copy.deepcopy(getattr(mtq, cfg_name))
-            cfg["algorithm"] = {"method": "max", "moe_calib_experts_ratio": 1.0}
+            cfg["algorithm"] = {"method": "max"}
+            routed = {}
             with torch.no_grad():
-                model = mtq.quantize(model, cfg, forward_loop=lambda m: m(ids))
+                model = mtq.quantize(model, cfg, forward_loop=lambda m: routed.update(calibrate_all_experts(m, ids)))
             amax = input_amaxes(model)
             with tempfile.TemporaryDirectory() as d:
                 with torch.no_grad():
@@ -105,7 +137,8 @@ def main():
                             tensors[k] = f.get_tensor(k).contiguous()
             save_file(tensors, os.path.join(OUT, f"{name}_{case}.safetensors"))
             meta = {"model": name, "case": case, "config": cfg_name,
-                    "algorithm": cfg["algorithm"], "calib_ids": CALIB_IDS,
+                    "algorithm": cfg["algorithm"], "calib_ids": CALIB_IDS, "calibrate_all_experts": True,
+                    "routed_tokens": routed,
                     "hf_quant_config": hfq, "quantization_config": qc, "input_amax": amax,
                     "model_safetensors_sha256": sha, "modelopt": modelopt.__version__,
                     "transformers": transformers.__version__, "torch": torch.__version__}
