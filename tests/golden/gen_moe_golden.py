@@ -92,7 +92,7 @@ def randomize(model, gen):
 
 
 def hook_for(mod_name, seen):
-    """A forward hook on a router recording its top-k choices, weights and smallest top-k margin (in router logits)."""
+    """A forward hook on a router: its top-k choices, their weights and the smallest top-k router-logit margin."""
     def f(mod, args, out):
         logits, scores, idx = out
         top = torch.topk(logits.detach().double(), mod.top_k + 1, dim=-1).values   # softmax is monotonic
@@ -200,7 +200,8 @@ def main():
                 "routes": {k: {"experts": v["experts"], "weights": v["weights"]} for k, v in layers.items()},
                 "transformers": transformers.__version__, "torch": torch.__version__,
                 "note": "transformers in float64 (router softmax in float32, as transformers computes it), "
-                        "attn_implementation=eager, experts_implementation=eager; routes[layer].experts[token] in torch.topk order"}
+                        "attn_implementation=eager, experts_implementation=eager; "
+                        "routes[layer].experts[token] in torch.topk order"}
         with open(os.path.join(d, "golden.json"), "w") as f:
             json.dump(meta, f, indent=1)
         print(f"{name}: loss {loss.item():.6f} aux {aux.item():.6f} |logits| max {np.abs(logits).max():.3f} "
