@@ -299,6 +299,18 @@ describe("qad.new", function()
     assert.are.equal(1, m.step)
     assert.are.equal(1, run:step_count())
     assert.are.equal(run:lr_at(0), m.lr)
+    -- Ctrl-C that lands while the update runs: AdamW completes the step, then sees the flag. The step's
+    -- metrics come back and the interrupt stays pending (the next check raises it), so a checkpoint
+    -- saved on the interrupt never holds a step whose metrics row was lost.
+    local C, c = nibble.C, nibble.context()
+    run:micro_step(x, y, mask)
+    C.nb_ctx_interrupt(c)
+    local m2 = run:optimizer_step()
+    assert.are.equal(2, m2.step)
+    assert.are.equal(2, run:step_count())
+    assert.are.equal(1, C.nb_ctx_interrupted(c))
+    assert.matches("^interrupted$", err_of(nibble.check, 0))
+    assert.are.equal(0, C.nb_ctx_interrupted(c))
   end)
 
   it("refuses a student without calibrated scales and the teacher as student", function()
