@@ -29,3 +29,19 @@ if(NIBBLE_CUDA)
   endif()
 endif()
 message(STATUS "nibble: CUDA kernels ${NIBBLE_HAVE_CUDA}")
+
+# MPI (OpenMPI from Debian: openmpi-bin, libopenmpi-dev): the communicator's mpi backend
+# (core/src/comm/mpi.c) and the tests that run under mpirun. Without it the backend is absent and a
+# context asked for it (or launched by mpirun) says so.
+set(NIBBLE_HAVE_MPI OFF)
+if(NIBBLE_MPI)
+  find_package(MPI COMPONENTS C QUIET)
+  if(MPI_C_FOUND)
+    set(NIBBLE_HAVE_MPI ON)
+  endif()
+endif()
+if(NIBBLE_HAVE_MPI)
+  message(STATUS "nibble: MPI communicator ON (${MPIEXEC_EXECUTABLE})")
+else()
+  message(STATUS "nibble: MPI communicator OFF (MPI not found: install openmpi-bin libopenmpi-dev)")
+endif()

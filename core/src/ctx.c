@@ -1,5 +1,6 @@
 /* nb_ctx: errors, counted allocation, RNG, interrupt flag, the persistent thread pool and the backend
- * table (backend.h), chosen here from the options and the environment, which is read nowhere else.
+ * table (backend.h) and the communicator (comm/), chosen here from the options and the environment, which
+ * is read nowhere else.
  * The pool runs one nb_parallel_for at a time: workers wait on a generation counter, take a
  * static chunk each, and the caller runs chunk 0 itself and then waits for the rest. */
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include "nibble/ops.h"   /* nb_simd_level: its NB_API declaration gives the definition its visibility */
 #include "nibble/quant_fast.h"
 #include "backend.h"
+#include "comm/comm_internal.h"
 #include "cpu/blas_internal.h"
 
 #ifndef NIBBLE_VERSION
@@ -51,6 +53,7 @@ struct nb_ctx {
     volatile sig_atomic_t interrupted;
     nb_pool *pool;
     nb_backend backend;
+    nb_comm comm;               /* rank, size and the collectives' backend (comm/comm.c) */
     pthread_mutex_t cuda_mu;    /* one device call at a time: they share the workspace */
 };
 
@@ -71,6 +74,7 @@ const char *nb_status_name(nb_status s) {
     case NB_ERR_INTERRUPTED: return "NB_ERR_INTERRUPTED";
     case NB_ERR_DEVICE: return "NB_ERR_DEVICE";
     case NB_ERR_INTERNAL: return "NB_ERR_INTERNAL";
+    case NB_ERR_COMM: return "NB_ERR_COMM";
     }
     return "NB_ERR_UNKNOWN";
 }
@@ -204,6 +208,8 @@ const nb_backend *nb_backend_of(const nb_ctx *ctx) {
 
 nb_backend *nb_ctx_backend(nb_ctx *ctx) { return &ctx->backend; }
 
+nb_comm *nbc_comm_of(const nb_ctx *ctx) { return ctx ? (nb_comm *)&ctx->comm : NULL; }
+
 const nb_simd_table *nb_ctx_simd(const nb_ctx *ctx) { return nb_backend_of(ctx)->simd; }
 
 const char *nb_simd_level(const nb_ctx *ctx) { return nb_ctx_simd(ctx)->name; }
@@ -277,6 +283,17 @@ static nb_status backend_init(nb_ctx *c, const nb_ctx_options *o) {
     return NB_OK;
 }
 
+/* The communicator from the options and the environment: NIBBLE_COMM, NIBBLE_COMM_TIMEOUT and mpirun's
+ * rank variables (OpenMPI's, and the PMI / PMIx ones other launchers set) are read here. */
+static nb_status comm_init(nb_ctx *c, const nb_ctx_options *o) {
+    int from_env, t_env;
+    const char *v = choose(o->comm, "NIBBLE_COMM", o, &from_env);
+    const char *t = o->comm_timeout_s > 0 ? NULL : choose(NULL, "NIBBLE_COMM_TIMEOUT", o, &t_env);
+    double timeout = o->comm_timeout_s > 0 ? o->comm_timeout_s : t && atof(t) > 0 ? atof(t) : 300.0;
+    int launched = !o->no_env && (getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("PMIX_RANK"));
+    return nbc_comm_init(c, &c->comm, v, from_env ? "NIBBLE_COMM" : "comm option", launched, timeout);
+}
+
 void nbk_lock(nb_ctx *ctx) { pthread_mutex_lock(&ctx->cuda_mu); }
 void nbk_unlock(nb_ctx *ctx) { pthread_mutex_unlock(&ctx->cuda_mu); }
 
@@ -316,6 +333,7 @@ nb_status nb_ctx_new_opts(const nb_ctx_options *opts, nb_ctx **out) {
     if (s == NB_OK) s = nb_ctx_set_threads(c, o.threads);
     /* the BLAS is loaded (and its kernels checked) before anything can multiply */
     if (s == NB_OK) s = nb_blas_load(c);
+    if (s == NB_OK) s = comm_init(c, &o);
     if (s != NB_OK) {
         snprintf(g_new_error, sizeof g_new_error, "%s", c->last_error);
         nb_ctx_release(c);
@@ -348,6 +366,7 @@ void nb_ctx_retain(nb_ctx *ctx) { if (ctx) __atomic_add_fetch(&ctx->refcount, 1,
 void nb_ctx_release(nb_ctx *ctx) {
     if (!ctx || __atomic_sub_fetch(&ctx->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
     pool_free(ctx->pool);
+    nbc_comm_free(&ctx->comm);
     if (ctx->backend.cuda_workspace) nbk_device_free(ctx->backend.cuda_workspace);
     pthread_mutex_destroy(&ctx->mem_mu);
     pthread_mutex_destroy(&ctx->cuda_mu);

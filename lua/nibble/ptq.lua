@@ -10,6 +10,7 @@ local ffi = require("ffi")
 local nibble = require("nibble")
 local recipe = require("nibble.recipe")
 local qmodel = require("nibble.qmodel")
+local comm = require("nibble.comm")
 local C, check, fail = nibble.C, nibble.check, nibble.fail
 
 local M = {}
@@ -156,9 +157,13 @@ function M.calibration_loader(r, model_path, log)
 end
 
 -- calibrate(qm, model, loader, opts): forward passes over every batch of the loader's epoch with the
--- observers installed. opts: algorithm, progress (function(done, total, tok_s, eta) or nil).
+-- observers installed. opts: algorithm, progress (function(done, total, tok_s, eta) or nil). Run as
+-- several ranks, each forwards its share of the batches (batch i on rank i mod size) and calibrate_end
+-- merges the observers over the ranks before any scale is computed, so every rank ends with the state
+-- one rank computes from all the batches.
 function M.calibrate(qm, model, loader, opts)
   opts = opts or {}
+  local rank, nranks = comm.rank(), comm.size()
   local m = qmodel.model_ptr(model)
   qm:calibrate_begin(opts.algorithm or "max")
   local ok, err = pcall(function()
@@ -169,7 +174,10 @@ function M.calibrate(qm, model, loader, opts)
     local vocab = tonumber(C.nb_model_get_config(m).vocab_size)
     local logits
     local total, done, t0, ntok = loader.rows_per_epoch, 0, now(), 0
+    local bi = -1
     for b in loader:epoch() do
+      bi = bi + 1
+      if bi % nranks ~= rank then goto next_batch end
       local T = loader.seq_len
       fo.logits = nil
       if iq ~= nil and C.nb_quantizer_enabled(iq) ~= 0 then
@@ -177,13 +185,15 @@ function M.calibrate(qm, model, loader, opts)
         fo.logits = logits
       end
       check(C.nb_model_forward(ctx(), m, b.tokens:data("const int32_t *"), b.rows, T, fo))
-      done = done + b.rows
-      ntok = ntok + b.rows * T
+      -- the ranks run in step: rank 0's share, scaled, is the progress of all of them
+      done = math.min(total, done + b.rows * nranks)
+      ntok = ntok + b.rows * T * nranks
       if opts.progress then
         local dt = now() - t0
         local rate = dt > 0 and ntok / dt or 0
         opts.progress(done, total, rate, rate > 0 and (total - done) * T / rate or 0 / 0)
       end
+      ::next_batch::
     end
   end)
   -- always leave calibration mode (hooks off), then report the first error
@@ -357,8 +367,24 @@ end
 -- calibration: QAD exports later, after training).
 function M.run(r, args, opts)
   opts = opts or {}
-  local log = logger(opts.quiet)
+  -- as several ranks (mpirun): only rank 0 logs and writes the export; each step that can fail on one
+  -- rank alone ends in comm.agree, so all ranks stop together with the failing rank's message before
+  -- any of them enters the next collective
+  local rank, nranks = comm.rank(), comm.size()
+  local quiet = opts.quiet or rank ~= 0
+  local log = logger(quiet)
   local t_start = now()
+  if nranks > 1 and (opts.no_export or opts.model) then
+    error(("ptq: QAD's calibration and an already loaded model run as one rank (launched as %d ranks)")
+          :format(nranks), 0)
+  end
+  return comm.together(M.run_steps, r, args, opts, log, t_start)
+end
+
+-- run_steps(sync, ...): M.run's steps; sync() is where the ranks meet (nibble.comm.together).
+function M.run_steps(sync, r, args, opts, log, t_start)
+  local rank = comm.rank()
+  local quiet = opts.quiet or rank ~= 0
   r = M.prepare(r, args)
   if r.threads then nibble.set_threads(r.threads) end
   local mpath = r.model and r.model.path
@@ -410,13 +436,19 @@ function M.run(r, args, opts)
 
   if qm:needs_data() then
     local loader = M.calibration_loader(r, mpath or model.path, log)
-    log("calibration: %d samples of %d tokens from %s (batch %d, offset %d, seed %s)", loader.rows_per_epoch,
-        loader.seq_len, r.calibration.data, loader.batch, loader:offset(0), tostring(r.calibration.seed or r.seed or 0))
+    local offset = loader:offset(0)
+    sync()
+    -- the random offset comes from the seed, so every rank draws the same: checked, never assumed
+    comm.same_i64("calibration: the random offset", offset)
+    log("calibration: %d samples of %d tokens from %s (batch %d, offset %d, seed %s%s)", loader.rows_per_epoch,
+        loader.seq_len, r.calibration.data, loader.batch, offset, tostring(r.calibration.seed or r.seed or 0),
+        comm.size() > 1 and (", %d ranks"):format(comm.size()) or "")
     local t0 = now()
-    local progress, progress_end = progress_line(opts.quiet)
+    local progress, progress_end = progress_line(quiet)
     local okc, errc = pcall(M.calibrate, qm, model, loader, { algorithm = algorithm, progress = progress })
     progress_end()
     if not okc then error(errc, 0) end
+    sync()
     result.calib_seconds = now() - t0
     result.calib_samples = loader.rows_per_epoch
     result.calib_offset = loader:offset(0)
@@ -457,7 +489,11 @@ function M.run(r, args, opts)
     log("ptq: fake quant left off: %s", tostring(fake_err))
   end
 
-  if export.dir and not opts.no_export then
+  if export.dir and not opts.no_export and rank ~= 0 then
+    -- rank 0 writes the export (the ranks hold the same state); the others wait for its outcome
+    sync()
+    result.skipped, result.nonfinite, result.export_dir = {}, {}, export.dir
+  elseif export.dir and not opts.no_export then
     local t0 = now()
     result.skipped, result.nonfinite = qm:export(export.dir, { layout = export.layout or "modelopt",
                                              allow_uncalibrated = r.allow_uncalibrated,
@@ -470,6 +506,7 @@ function M.run(r, args, opts)
     M.report_nonfinite(result.nonfinite)
     log("export: %s (%s layout) in %.1f s", export.dir, export.layout or "modelopt", now() - t0)
     result.export_dir = export.dir
+    sync()
   end
   result.seconds = now() - t_start
   return result

@@ -9,7 +9,7 @@ local ROOT = "lua/nibble"
 local LAYERS = {
   bindings = { "nibble", "nibble.util", "nibble.json", "nibble.chat", "nibble.tokenizer", "nibble.weights",
                "nibble.model", "nibble.data", "nibble.optim", "nibble.quant", "nibble.qmodel",
-               "nibble.formats" },
+               "nibble.formats", "nibble.comm" },
   pipeline = { "nibble.qad_settings", "nibble.recipe", "nibble.distill", "nibble.ptq", "nibble.qad_guard",
                "nibble.qad", "nibble.pipeline" },
   cli = { "nibble.cli", "nibble.repl" },   -- and every nibble.cli.<command>

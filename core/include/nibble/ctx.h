@@ -37,6 +37,10 @@ typedef struct nb_ctx_options {
                               * (OpenBLAS's own threads); NULL: NIBBLE_GEMM, else pool */
     int cuda_device;         /* CUDA device of the tensors nb_tensor_to_device makes with device -2 */
     void *cuda_stream;       /* cudaStream_t the CUDA kernels run on (NULL: the default stream) */
+    const char *comm;        /* communicator backend (nibble/comm.h): "auto" (mpi when launched by mpirun, else
+                              * self), "self" or "mpi"; NULL: NIBBLE_COMM, else auto */
+    double comm_timeout_s;   /* a collective waiting longer fails with NB_ERR_COMM; <= 0: NIBBLE_COMM_TIMEOUT,
+                              * else 300 s */
     int no_env;              /* 1: read no environment variable (only the fields and the defaults) */
 } nb_ctx_options;
 

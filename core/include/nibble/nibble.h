@@ -6,6 +6,7 @@
 
 #include "nibble/status.h"
 #include "nibble/ctx.h"
+#include "nibble/comm.h"
 #include "nibble/dtype.h"
 #include "nibble/tensor.h"
 #include "nibble/safetensors.h"

@@ -27,7 +27,8 @@ typedef enum nb_status {
     NB_ERR_NUMERIC      = -9,  /* NaN or Inf where a finite value is required */
     NB_ERR_INTERRUPTED  = -10, /* nb_ctx_interrupt() was called while the operation ran */
     NB_ERR_DEVICE       = -11, /* device (CUDA) error or no device */
-    NB_ERR_INTERNAL     = -12  /* an internal invariant failed: a bug in nibble */
+    NB_ERR_INTERNAL     = -12, /* an internal invariant failed: a bug in nibble */
+    NB_ERR_COMM         = -13  /* a collective failed or timed out (another rank failed, died or never came) */
 } nb_status;
 
 /* Stable short name of a status code, e.g. "NB_ERR_FORMAT". Never NULL. */

@@ -5,9 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nibble/comm.h"
 #include "nibble/formats.h"
 #include "nibble/qmodel.h"
 #include "qmodel/qmodel_internal.h"
+#include "quant/quant_internal.h"
 
 void nb_qspec_init(nb_qspec *s) {
     memset(s, 0, sizeof *s);
@@ -483,19 +485,39 @@ nb_status nb_qmodel_calibrate_weights(nb_ctx *ctx, nb_qmodel *qm, const nb_calib
     return NB_OK;
 }
 
+/* Data-parallel calibration: each rank ran its share of the batches, so the input and KV observers are
+ * merged over the ranks (amax MAX, batch counts summed) before any scale is computed; every rank then
+ * holds the state one rank would have from all the batches. The weights are calibrated from the master
+ * weights, the same on every rank. */
+static nb_status merge_ranks(nb_ctx *ctx, nb_qmodel *qm) {
+    if (nb_comm_size(ctx) <= 1) return NB_OK;
+    int64_t cap = qm->n + (qm->kvcalib ? 2 * qm->n_layers : 0), n = 0;
+    nb_calib **cals = malloc((size_t)(cap ? cap : 1) * sizeof *cals);
+    if (!cals) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < qm->n; i++)
+        if (qm->mods[i].icalib) cals[n++] = qm->mods[i].icalib;
+    for (int64_t k = 0; qm->kvcalib && k < 2 * qm->n_layers; k++)
+        if (qm->kvcalib[k]) cals[n++] = qm->kvcalib[k];
+    nb_status s = nbq_calib_allreduce(ctx, cals, n);
+    free(cals);
+    return s;
+}
+
 nb_status nb_qmodel_calibrate_end(nb_ctx *ctx, nb_qmodel *qm) {
     if (!qm->calibrating) return nb_fail(ctx, NB_ERR_INVALID, "calibrate_end without calibrate_begin");
-    nb_status s = NB_OK;
-    for (int64_t i = 0; i < qm->n && !s; i++) {
+    nb_status s = merge_ranks(ctx, qm);
+    for (int64_t i = 0; i < qm->n; i++) {   /* after a failure, the calibrators are only freed */
         nb_qmod *q = &qm->mods[i];
         if (!q->icalib) continue;
-        if (nb_calib_batches(q->icalib) > 0) {
+        if (!s && nb_calib_batches(q->icalib) > 0) {
             s = nb_calib_finish(ctx, q->icalib);
-        } else {
+        } else if (!s) {
             char **grown = realloc(qm->uncovered, (size_t)(qm->n_uncovered + 1) * sizeof *grown);
-            if (!grown) { s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory"); break; }
-            qm->uncovered = grown;
-            qm->uncovered[qm->n_uncovered++] = dupstr(q->name);
+            if (!grown) s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory");
+            else {
+                qm->uncovered = grown;
+                qm->uncovered[qm->n_uncovered++] = dupstr(q->name);
+            }
         }
         nb_calib_free(q->icalib);
         q->icalib = NULL;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nibble/comm.h"
 #include "nibble/formats.h"
 #include "quant/quant_internal.h"
 
@@ -565,5 +566,80 @@ nb_status nb_quantizer_calibrate(nb_ctx *ctx, nb_quantizer *q, const nb_tensor *
     c->borrow = 1;   /* x lives until finish below: the MSE search reads it without a copy */
     if (!(s = nb_calib_collect(ctx, c, x))) s = nb_calib_finish(ctx, c);
     nb_calib_free(c);
+    return s;
+}
+
+/* ---- data-parallel calibration ---------------------------------------------------------------------- */
+
+/* Merge max observers across the ranks of ctx's communicator, each of which fed its own share of the
+ * batches: the batch counts are summed (coverage is the union over ranks) and the running maxima
+ * all-reduced with MAX, which is exact in any order, so the state equals one rank's over all batches.
+ * A rank whose share reached an observer with no batch takes the layout from the ranks that saw one. */
+nb_status nbq_calib_allreduce(nb_ctx *ctx, nb_calib **cals, int64_t n) {
+    if (nb_comm_size(ctx) <= 1 || n <= 0) return NB_OK;
+    enum { META = 3 + NB_MAX_DIMS };   /* nvals, ndim, xdt, shape */
+    int64_t *sum = calloc((size_t)n, sizeof *sum);
+    int64_t *meta = calloc((size_t)(n * META), sizeof *meta);
+    float *vals = NULL;
+    nb_status s = NB_OK;
+    if (!sum || !meta) { s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory (calibration over ranks)"); goto done; }
+    for (int64_t i = 0; i < n; i++) {
+        nb_calib *c = cals[i];
+        if (c->cfg.method != NB_CALIB_MAX) {
+            s = nb_fail(ctx, NB_ERR_UNSUPPORTED, "calibrator for '%s': only max observers merge over ranks",
+                        nb_quantizer_name(c->q));
+            goto done;
+        }
+        sum[i] = c->batches;
+        if (c->batches == 0) continue;
+        int64_t *m = meta + i * META;
+        m[0] = c->nvals, m[1] = c->ndim, m[2] = (int64_t)c->xdt;
+        memcpy(m + 3, c->shape, sizeof c->shape);
+    }
+    if ((s = nb_comm_allreduce(ctx, sum, n, NB_I64, NB_COMM_SUM))) goto done;
+    if ((s = nb_comm_allreduce(ctx, meta, n * META, NB_I64, NB_COMM_MAX))) goto done;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        nb_calib *c = cals[i];
+        int64_t *m = meta + i * META;
+        if (cals[i]->gran == G_NONE || sum[i] == 0) continue;
+        if (c->batches > 0 && c->nvals != m[0]) {
+            s = nb_fail(ctx, NB_ERR_SHAPE, "calibrator for '%s': %lld amax values on rank %d, %lld on another rank",
+                        nb_quantizer_name(c->q), (long long)c->nvals, nb_comm_rank(ctx), (long long)m[0]);
+            goto done;
+        }
+        total += m[0];
+    }
+    vals = calloc((size_t)(total ? total : 1), sizeof *vals);
+    if (!vals) { s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory (calibration over ranks)"); goto done; }
+    for (int64_t i = 0, off = 0; i < n; i++) {
+        nb_calib *c = cals[i];
+        if (c->gran == G_NONE || sum[i] == 0) continue;
+        int64_t k = meta[i * META];
+        if (c->batches > 0) memcpy(vals + off, c->vals, (size_t)k * sizeof *vals);
+        off += k;
+    }
+    if ((s = nb_comm_allreduce(ctx, vals, total, NB_F32, NB_COMM_MAX))) goto done;
+    for (int64_t i = 0, off = 0; i < n; i++) {
+        nb_calib *c = cals[i];
+        int64_t *m = meta + i * META;
+        if (c->batches == 0 && sum[i] > 0) {   /* this rank's share never reached it: the others' layout */
+            c->nvals = m[0], c->ndim = (int)m[1], c->xdt = (nb_dtype)m[2];
+            memcpy(c->shape, m + 3, sizeof c->shape);
+        }
+        if (c->gran != G_NONE && sum[i] > 0) {
+            if (!c->vals && !(c->vals = calloc((size_t)(m[0] ? m[0] : 1), sizeof(float)))) {
+                s = nb_fail(ctx, NB_ERR_NOMEM, "out of memory (calibrator)");
+                goto done;
+            }
+            memcpy(c->vals, vals + off, (size_t)m[0] * sizeof *vals);
+            off += m[0];
+        }
+        c->batches = sum[i];
+    }
+done:
+    free(sum);
+    free(meta);
+    free(vals);
     return s;
 }

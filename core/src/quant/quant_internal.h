@@ -101,4 +101,8 @@ nb_status nbq_device_quantize(nb_ctx *ctx, const nb_tensor *x, const nb_qparams 
 nb_status nbq_device_fake(nb_ctx *ctx, const nb_tensor *x, const nb_qparams *p, const char *what, nb_tensor *out);
 nb_status nbq_device_dequantize(nb_ctx *ctx, const nb_qtensor *q, nb_tensor *out);
 
+/* Merge the max observers cals[0..n) across the ranks of ctx's communicator (calib.c): batch counts
+ * summed, running maxima all-reduced with MAX; a no-op on one rank. Every rank passes the same list. */
+nb_status nbq_calib_allreduce(nb_ctx *ctx, nb_calib **cals, int64_t n);
+
 #endif

@@ -80,6 +80,7 @@ return function(args)
   end)
   if not ok then return cli.fail("quantize", res) end
   local we = res.weight_error
+  if require("nibble.comm").rank() ~= 0 then return 0 end   -- as several ranks, rank 0 reports
   io.stdout:write(("quantized %d modules (%s, %s%s) -> %s in %.1f s\n"):format(we.modules, o.format, res.algorithm,
     res.kv_cache and ", KV cache " .. res.kv_cache or "", res.export_dir, res.seconds))
   return 0
