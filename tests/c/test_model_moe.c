@@ -184,7 +184,160 @@ static void check_fixture(nb_ctx *ctx, nb_model *dense, const int32_t *tok, int6
 
 /* ---- qwen3_moe: names, sparse layers, gradients against central differences ---------------------- */
 
-static void check_qwen3_moe(nb_ctx *ctx) { (void)ctx; }
+static double lm_loss(nb_ctx *ctx, nb_model *m, const int32_t *tok, int64_t B, int64_t T) {
+    double loss = 0;
+    CHECK_OK(ctx, nb_model_lm_step(ctx, m, tok, B, T, NULL, &loss));
+    return loss;
+}
+
+/* d loss along a random direction v of parameter `name`: central difference vs <grad, v>. */
+static void fd_check(nb_ctx *ctx, nb_model *m, const char *name, const int32_t *tok, int64_t B, int64_t T,
+                     uint64_t seed) {
+    int64_t p = nb_model_find_param(m, name);
+    CHECK_MSG(p >= 0, "no parameter %s", name);
+    if (p < 0) return;
+    float *w = nb_tensor_data(nb_model_param(m, p));
+    int64_t n = nb_tensor_numel(nb_model_param(m, p));
+    float *w0 = malloc(sizeof(float) * (size_t)n), *v = malloc(sizeof(float) * (size_t)n);
+    memcpy(w0, w, sizeof(float) * (size_t)n);
+    nb_rng rng;
+    nb_rng_seed(&rng, seed);
+    for (int64_t i = 0; i < n; i++) v[i] = (float)nb_rng_normal(&rng);
+    nb_model_zero_grad(m);
+    lm_loss(ctx, m, tok, B, T);
+    const float *g = nb_tensor_data(nb_model_grad(m, p));
+    double an = 0;
+    for (int64_t i = 0; i < n; i++) an += (double)g[i] * v[i];
+    const double h = 1e-3;
+    for (int64_t i = 0; i < n; i++) w[i] = (float)(w0[i] + h * v[i]);
+    double lp = lm_loss(ctx, m, tok, B, T);
+    for (int64_t i = 0; i < n; i++) w[i] = (float)(w0[i] - h * v[i]);
+    double lm = lm_loss(ctx, m, tok, B, T);
+    memcpy(w, w0, sizeof(float) * (size_t)n);
+    double fd = (lp - lm) / (2 * h);
+    /* Tolerance: the loss is a mean of float32 log-softmaxes (~1e-7 relative of a loss ~4, so ~1e-6
+     * absolute per evaluation, /2h = 5e-4 on fd), plus O(h^2) truncation. Top-k routing is piecewise:
+     * for these tokens and weights no token's top-k changes within the step (other token sequences
+     * tried put a router near a tie, and the difference then jumps by O(10): a switch, not an error) */
+    printf("qwen3_moe norm_topk_prob=%d %s: analytic %.6g, central difference %.6g\n",
+           (int)nb_model_get_config(m)->norm_topk_prob, name, an, fd);
+    CHECK_MSG(fabs(an - fd) <= 1e-3 + 1e-2 * fabs(an), "%s: analytic %.6g vs central difference %.6g", name, an, fd);
+    free(w0);
+    free(v);
+}
+
+static void check_qwen3_moe(nb_ctx *ctx) {
+    nb_model_config c;
+    nb_model_config_init(&c);
+    c.arch = NB_ARCH_QWEN3_MOE;
+    c.vocab_size = 40;
+    c.hidden_size = 16;
+    c.intermediate_size = 20;
+    c.n_layers = 4;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 4;
+    c.qk_norm = 1;
+    c.rms_eps = 1e-6;
+    c.n_experts = 5;
+    c.n_experts_per_tok = 2;
+    c.moe_intermediate_size = 12;
+    c.decoder_sparse_step = 1;
+    c.mlp_only_layers[0] = (uint64_t)1 << 2;
+    nb_model *m = NULL;
+    CHECK_OK(ctx, nb_model_new(ctx, &c, &m));
+    if (!m) return;
+    CHECK_OK(ctx, nb_model_init_random(ctx, m, 11, 0.3));
+    /* HF names: a sparse layer's router and experts, the mlp_only layer's dense mlp */
+    static const char *const present[] = {"model.layers.0.mlp.gate", "model.layers.0.mlp.experts",
+                                          "model.layers.0.mlp.experts.4", "model.layers.3.mlp.experts.0.gate_proj",
+                                          "model.layers.1.mlp.experts.2.up_proj",
+                                          "model.layers.1.mlp.experts.4.down_proj", "model.layers.2.mlp.gate_proj",
+                                          "model.layers.2.mlp.down_proj", "model.layers.0.self_attn.q_norm"};
+    for (size_t i = 0; i < sizeof present / sizeof present[0]; i++)
+        CHECK_MSG(nb_model_find_module(m, present[i]) >= 0, "no module %s", present[i]);
+    CHECK(nb_model_find_module(m, "model.layers.0.mlp.gate_proj") < 0);
+    CHECK(nb_model_find_module(m, "model.layers.2.mlp.gate") < 0);
+    nb_linear_info li;
+    CHECK_OK(ctx, nb_model_linear_info(ctx, m, nb_model_find_module(m, "model.layers.1.mlp.experts.2.up_proj"), &li));
+    CHECK_EQ_INT(li.role, NB_LINEAR_EXPERT_UP);
+    CHECK_EQ_INT(li.expert, 2);
+    CHECK_EQ_INT(li.layer, 1);
+    CHECK_EQ_INT(li.in_features, 16);
+    CHECK_EQ_INT(li.out_features, 12);
+    CHECK_OK(ctx, nb_model_linear_info(ctx, m, nb_model_find_module(m, "model.layers.0.mlp.gate"), &li));
+    CHECK_EQ_INT(li.role, NB_LINEAR_ROUTER);
+    CHECK_EQ_INT(li.expert, -1);
+    CHECK_EQ_INT(li.out_features, 5);
+    CHECK_OK(ctx, nb_model_linear_info(ctx, m, nb_model_find_module(m, "model.layers.2.mlp.up_proj"), &li));
+    CHECK_EQ_INT(li.role, NB_LINEAR_UP);
+    CHECK_EQ_INT(li.out_features, 20);
+
+    /* written as HF writes it and loaded back: the same config and logits, bit for bit */
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/qwen3_moe", tmpdir);
+    mkdir(dir, 0755);
+    nb_st_writer *w = NULL;
+    CHECK_OK(ctx, nb_st_writer_new(ctx, &w));
+    for (int64_t i = 0; i < nb_model_param_count(m); i++)
+        CHECK_OK(ctx, nb_st_writer_add(ctx, w, nb_model_param_name(m, i), nb_model_param(m, i)));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(ctx, nb_st_writer_write(ctx, w, path));
+    nb_st_writer_free(w);
+    const char *cfg_fmt =
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"vocab_size\": 40,\n"
+        " \"hidden_size\": 16, \"intermediate_size\": 20, \"moe_intermediate_size\": 12,\n"
+        " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 4,\n"
+        " \"num_experts\": 5, \"num_experts_per_tok\": %d, \"norm_topk_prob\": false,\n"
+        " \"decoder_sparse_step\": 1, \"mlp_only_layers\": [2], \"hidden_act\": \"silu\",\n"
+        " \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false}\n";
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, cfg_fmt, 2);
+    fclose(f);
+    nb_model *l = NULL;
+    CHECK_OK(ctx, nb_model_load(ctx, dir, &l));
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = (int32_t)((i * 5 + 1) % 40);
+    if (l) {
+        const nb_model_config *lc = nb_model_get_config(l);
+        CHECK_EQ_INT(lc->arch, NB_ARCH_QWEN3_MOE);
+        CHECK_EQ_INT(lc->n_experts, 5);
+        CHECK_EQ_INT(lc->n_experts_per_tok, 2);
+        CHECK_EQ_INT(lc->norm_topk_prob, 0);
+        CHECK_EQ_INT(lc->moe_intermediate_size, 12);
+        CHECK_EQ_INT(lc->mlp_only_layers[0], 4);
+        CHECK_EQ_INT(lc->qk_norm, 1);
+        float a[16 * 40], b[16 * 40];
+        CHECK_OK(ctx, nb_model_logits(ctx, m, tok, 2, 8, a));
+        CHECK_OK(ctx, nb_model_logits(ctx, l, tok, 2, 8, b));
+        CHECK(!memcmp(a, b, sizeof a));
+        nb_model_free(l);
+    }
+    f = fopen(path, "w");
+    fprintf(f, cfg_fmt, 6);
+    fclose(f);
+    l = NULL;
+    CHECK_FAIL(ctx, nb_model_load(ctx, dir, &l), NB_ERR_FORMAT, "num_experts_per_tok 6 must be in [1, num_experts = 5]");
+
+    /* router and experts' gradients, with and without renormalised top-k weights, both recompute modes */
+    nb_model_free(m);
+    static const char *const fd_params[] = {"model.layers.0.mlp.gate.weight", "model.layers.3.mlp.gate.weight",
+                                            "model.layers.1.mlp.experts.1.gate_proj.weight",
+                                            "model.layers.3.mlp.experts.4.down_proj.weight",
+                                            "model.layers.0.mlp.experts.0.up_proj.weight",
+                                            "model.layers.2.mlp.up_proj.weight", "model.layers.0.self_attn.q_proj.weight"};
+    for (int norm = 0; norm < 2; norm++) {
+        c.norm_topk_prob = norm;
+        m = NULL;
+        CHECK_OK(ctx, nb_model_new(ctx, &c, &m));
+        if (!m) return;
+        CHECK_OK(ctx, nb_model_init_random(ctx, m, 11, 0.3));
+        nb_model_set_recompute(m, norm ? NB_RECOMPUTE_ALWAYS : NB_RECOMPUTE_NEVER);
+        for (size_t i = 0; i < sizeof fd_params / sizeof fd_params[0]; i++) fd_check(ctx, m, fd_params[i], tok, 2, 8, 100 + i);
+        nb_model_free(m);
+    }
+}
 
 int main(void) {
     const char *hf = nbt_data("stories260K/hf");
