@@ -182,6 +182,94 @@ static void check_fixture(nb_ctx *ctx, nb_model *dense, const int32_t *tok, int6
     nb_model_free(m);
 }
 
+/* ---- PTQ: NVFP4 W4A16 of the fixture and of the dense model ------------------------------------- */
+
+/* Every linear but the router (and the tied lm_head) whose width NVFP4's 16-element blocks divide
+ * to NVFP4 weights (stories260K's FFN width 172 is not: down_proj / w2 stay BF16), fused siblings,
+ * weights calibrated, exported in ModelOpt's layout into out. */
+static void export_nvfp4(nb_ctx *ctx, nb_model *m, const char *out, int64_t want_groups) {
+    nb_qmodel *qm = NULL;
+    CHECK_OK(ctx, nb_qmodel_new(ctx, m, &qm));
+    if (!qm) return;
+    nb_qspec spec;
+    nb_qspec_init(&spec);
+    spec.weight_format = NB_FMT_NVFP4;
+    for (int64_t i = 0; i < nb_qmodel_count(qm); i++) {
+        const char *n = nb_qmodel_name(qm, i);
+        size_t L = strlen(n);
+        nb_linear_info li;
+        CHECK_OK(ctx, nb_model_linear_info(ctx, m, nb_model_find_module(m, n), &li));
+        if (!strcmp(n, "lm_head") || (L > 5 && !strcmp(n + L - 5, ".gate")) || li.in_features % 16) continue;
+        CHECK_OK(ctx, nb_qmodel_set(ctx, qm, n, &spec));
+    }
+    int64_t groups = 0;
+    CHECK_OK(ctx, nb_qmodel_fuse_siblings(ctx, qm, &groups));
+    CHECK_EQ_INT(groups, want_groups);
+    nb_calib_config cc;
+    nb_calib_config_init(&cc, NB_CALIB_MAX);
+    CHECK_OK(ctx, nb_qmodel_calibrate_weights(ctx, qm, &cc));
+    CHECK_OK(ctx, nb_qmodel_export(ctx, qm, out, NULL));
+    nb_qmodel_free(qm);
+}
+
+static int same_tensor(nb_ctx *ctx, nb_st *a, const char *na, nb_st *b, const char *nb_) {
+    nb_tensor *ta = NULL, *tb = NULL;
+    CHECK_OK(ctx, nb_st_get(ctx, a, na, &ta));
+    CHECK_OK(ctx, nb_st_get(ctx, b, nb_, &tb));
+    int same = ta && tb && nb_tensor_nbytes(ta) == nb_tensor_nbytes(tb) &&
+               !memcmp(nb_tensor_data(ta), nb_tensor_data(tb), (size_t)nb_tensor_nbytes(ta));
+    nb_tensor_release(ta);
+    nb_tensor_release(tb);
+    return same;
+}
+
+/* Each expert's exported w1/w3 (weight, weight_scale, weight_scale_2) and w2 (BF16 weight) equal,
+ * byte for byte, the dense model's gate/up/down: same weights, and each expert's w1/w3 pair shares
+ * one global scale as the dense gate/up pair does. The router stays unquantized, under its HF name. */
+static void check_ptq(nb_ctx *ctx, nb_model *dense) {
+    char dir[512], out[600], dout[600];
+    const int E = 3;
+    snprintf(dir, sizeof dir, "%s/ptq_fixture", tmpdir);
+    nb_model *m = fixture(ctx, dense, E, 2, dir);
+    if (!m) return;
+    int64_t Lc = nb_model_get_config(m)->n_layers;
+    snprintf(out, sizeof out, "%s/ptq_moe_nvfp4", tmpdir);
+    snprintf(dout, sizeof dout, "%s/ptq_dense_nvfp4", tmpdir);
+    export_nvfp4(ctx, m, out, Lc * (1 + E));   /* qkv and each expert's w1/w3 per layer */
+    export_nvfp4(ctx, dense, dout, Lc * 2);   /* qkv and gate/up per layer */
+    nb_st *a = NULL, *b = NULL;
+    CHECK_OK(ctx, nb_st_open(ctx, out, &a));
+    CHECK_OK(ctx, nb_st_open(ctx, dout, &b));
+    if (a && b) {
+        static const char *const wn[3] = {"w1", "w3", "w2"}, *const dn[3] = {"gate_proj", "up_proj", "down_proj"};
+        static const char *const sfx[3] = {"weight", "weight_scale", "weight_scale_2"};
+        int compared = 0, equal = 0;
+        for (int64_t l = 0; l < Lc; l++)
+            for (int e = 0; e < E; e++)
+                for (int r = 0; r < 3; r++)
+                    for (int q = 0; q < (r < 2 ? 3 : 1); q++) {
+                        char x[256], y[256];
+                        snprintf(x, sizeof x, "model.layers.%lld.block_sparse_moe.experts.%d.%s.%s", (long long)l, e, wn[r],
+                                 sfx[q]);
+                        snprintf(y, sizeof y, "model.layers.%lld.mlp.%s.%s", (long long)l, dn[r], sfx[q]);
+                        compared++;
+                        equal += same_tensor(ctx, a, x, b, y);
+                    }
+        CHECK_EQ_INT(equal, compared);
+        CHECK_EQ_INT(compared, Lc * E * 7);
+        /* the router: unquantized (BF16), its HF name, no scales */
+        int64_t g = nb_st_find(a, "model.layers.0.block_sparse_moe.gate.weight");
+        CHECK(g >= 0);
+        if (g >= 0) CHECK_EQ_INT(nb_st_entry_at(a, g)->dtype, NB_BF16);
+        CHECK(nb_st_find(a, "model.layers.0.block_sparse_moe.gate.weight_scale") < 0);
+        CHECK(nb_st_find(a, "model.layers.0.mlp.gate_proj.weight") < 0);
+        printf("ptq: %d expert tensors equal the dense model's NVFP4 bytes\n", equal);
+    }
+    nb_st_close(a);
+    nb_st_close(b);
+    nb_model_free(m);
+}
+
 /* ---- qwen3_moe: names, sparse layers, gradients against central differences ---------------------- */
 
 static double lm_loss(nb_ctx *ctx, nb_model *m, const int32_t *tok, int64_t B, int64_t T) {
@@ -358,6 +446,7 @@ int main(void) {
         static const int cases[][2] = {{1, 1}, {2, 1}, {2, 2}, {3, 2}, {4, 1}, {4, 3}, {4, 4}, {8, 2}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             check_fixture(ctx, dense, tok, B, T, lg, cases[i][0], cases[i][1]);
+        check_ptq(ctx, dense);
         free(lg);
         nb_model_free(dense);
     }
