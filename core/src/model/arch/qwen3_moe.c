@@ -8,7 +8,8 @@
 static nb_status hf_config(nb_cfg_reader *c, const cJSON *o, nb_model_config *cfg) {
     nb_status s = nb_arch_qwen3_attention(c, o, cfg);
     if (s) return s;
-    if ((s = nb_arch_moe_common(c, o, "num_experts", cfg))) return s;
+    /* transformers 5 writes num_local_experts, earlier versions num_experts */
+    if ((s = nb_arch_moe_common(c, o, nb_cfg_get(o, "num_experts") ? "num_experts" : "num_local_experts", cfg))) return s;
     cfg->norm_topk_prob = nb_cfg_bool(c, o, "norm_topk_prob", 0);
     cfg->moe_intermediate_size = nb_cfg_int(c, o, "moe_intermediate_size", 1, 0);
     cfg->decoder_sparse_step = (int32_t)nb_cfg_int(c, o, "decoder_sparse_step", 0, 1);
