@@ -159,7 +159,6 @@ function M.modules_of(cfg)
       local blk, names = moe_names[cfg.arch][1], moe_names[cfg.arch][2]
       local Fe = cfg.moe_intermediate_size
       lin(p .. "." .. blk .. ".gate", D, cfg.n_experts)
-      out[#out].router = true
       for e = 0, cfg.n_experts - 1 do
         local q = p .. "." .. blk .. ".experts." .. e .. "."
         lin(q .. names[1], D, Fe)

@@ -65,7 +65,6 @@ function M.modules(model)
         check(C.nb_model_linear_info(ctx(), m, i, info))
         e.in_features, e.out_features = tonumber(info.in_features), tonumber(info.out_features)
         e.tied = info.tied ~= 0
-        if info.role == C.NB_LINEAR_ROUTER then e.router = true end
       end
       out[#out + 1] = e
     end

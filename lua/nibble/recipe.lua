@@ -461,8 +461,7 @@ end
 ---------------------------------------------------------------------------------------------------
 
 -- modules: list of { name = "model.layers.0.mlp.down_proj", kind = "linear"|"embedding"|"norm",
---                    in_features = 172, out_features = 64, tied = bool (lm_head tied to embeddings),
---                    router = true for a mixture of experts' router (mlp.gate / block_sparse_moe.gate) }
+--                    in_features = 172, out_features = 64, tied = bool (lm_head tied to embeddings) }
 -- Returns the plan: one entry per module, in model order:
 --   { name, kind, format = preset name or nil, preset = M.presets[...], rule = index, reason = string },
 -- and the notes: one line for each rule that its modules' shapes let apply to some of them but not all
@@ -497,10 +496,6 @@ function M.resolve(r, modules)
         entry.reason = "no rule matches"
       elseif chosen.format == false then
         entry.reason = chosen.reason or string.format("excluded by %s '%s'", chosen.label, chosen.glob)
-      elseif m.router and chosen.format and not chosen.glob:match("%.gate$") then
-        -- routers stay in full precision (as ModelOpt and llm-compressor leave them) unless a rule's
-        -- glob ends in ".gate", naming them
-        entry.reason = "MoE router (not quantized unless a rule ending in '.gate' names it)"
       elseif m.tied and chosen.format then
         -- a tied lm_head is the embedding matrix: quantizing it would quantize the embeddings too
         if is_wildcard(chosen.glob) then
