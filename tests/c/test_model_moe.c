@@ -408,6 +408,31 @@ static void check_qwen3_moe(nb_ctx *ctx) {
     l = NULL;
     CHECK_FAIL(ctx, nb_model_load(ctx, dir, &l), NB_ERR_FORMAT, "num_experts_per_tok 6 must be in [1, num_experts = 5]");
 
+    /* an export of the memory model (no config.json to copy: one is written from the config) in
+     * float32 loads back as the same qwen3_moe, sparse and dense layers alike */
+    nb_qmodel *qm = NULL;
+    CHECK_OK(ctx, nb_qmodel_new(ctx, m, &qm));
+    nb_export_opts eo;
+    nb_export_opts_init(&eo);
+    eo.dtype = NB_F32;
+    snprintf(path, sizeof path, "%s/qwen3_moe_export", tmpdir);
+    if (qm) CHECK_OK(ctx, nb_qmodel_export(ctx, qm, path, &eo));
+    nb_qmodel_free(qm);
+    l = NULL;
+    CHECK_OK(ctx, nb_model_load(ctx, path, &l));
+    if (l) {
+        const nb_model_config *lc = nb_model_get_config(l);
+        CHECK_EQ_INT(lc->arch, NB_ARCH_QWEN3_MOE);
+        CHECK_EQ_INT(lc->n_experts, 5);
+        CHECK_EQ_INT(lc->moe_intermediate_size, 12);
+        CHECK_EQ_INT(lc->mlp_only_layers[0], 4);
+        float a[16 * 40], b[16 * 40];
+        CHECK_OK(ctx, nb_model_logits(ctx, m, tok, 2, 8, a));
+        CHECK_OK(ctx, nb_model_logits(ctx, l, tok, 2, 8, b));
+        CHECK(!memcmp(a, b, sizeof a));
+        nb_model_free(l);
+    }
+
     /* router and experts' gradients, with and without renormalised top-k weights, both recompute modes */
     nb_model_free(m);
     static const char *const fd_params[] = {"model.layers.0.mlp.gate.weight", "model.layers.3.mlp.gate.weight",

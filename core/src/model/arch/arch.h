@@ -1,6 +1,6 @@
-/* Architecture families: what differs between Llama, Mistral, Qwen2 and Qwen3, one file each
- * (their config.json fields, which linears carry biases, q/k RMSNorm, sliding windows, the GGUF
- * layout), described by one row per family. Everything else is shared: the fields every family has
+/* Architecture families: what differs between Llama, Mistral, Qwen2, Qwen3, Mixtral and Qwen3-MoE,
+ * one file each (their config.json fields, which linears carry biases, q/k RMSNorm, sliding windows,
+ * the experts' names, the GGUF layout), described by one row per family. Everything else is shared: the fields every family has
  * (model/load.c), the module and parameter names (model/model.c) and the transformer block, RoPE
  * and norms that the flags set here switch on (model/transformer.c). Adding a family of this shape
  * is adding a file and a row. */
