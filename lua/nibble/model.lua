@@ -3,6 +3,7 @@
 -- or glob, forward (logits, hidden states), backward and LM steps, linear hooks, generation and
 -- llama.cpp-style perplexity / KL evaluation. Token ids are the model's (0-based) ids.
 local ffi = require("ffi")
+local bit = require("bit")
 local nibble = require("nibble")
 local C, check, fail = nibble.C, nibble.check, nibble.fail
 
@@ -10,13 +11,19 @@ local M = {}
 local Model = {}
 Model.__index = Model
 
-local arch_names = { [0] = "llama", "mistral", "qwen2", "qwen3" }
-local arch_enum = { llama = 0, mistral = 1, qwen2 = 2, qwen3 = 3 }
+local arch_names = { [0] = "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe" }
+local arch_enum = { llama = 0, mistral = 1, qwen2 = 2, qwen3 = 3, mixtral = 4, qwen3_moe = 5 }
+-- the mixtures of experts: the sparse MLP's module and each expert's linears (gate, up, down), as
+-- model/arch/ names them
+local moe_names = { mixtral = { "block_sparse_moe", { "w1", "w3", "w2" } },
+                    qwen3_moe = { "mlp", { "gate_proj", "up_proj", "down_proj" } } }
 -- module kinds by nb_module_kind: the names recipe.resolve and modules_of use
 local kind_names = { [tonumber(C.NB_MODULE_CONTAINER)] = "container", [tonumber(C.NB_MODULE_EMBEDDING)] = "embedding",
                      [tonumber(C.NB_MODULE_LINEAR)] = "linear", [tonumber(C.NB_MODULE_RMSNORM)] = "norm" }
 M.kind_names = kind_names
-local role_names = { [0] = "q", "k", "v", "o", "gate", "up", "down", "lm_head" }
+local role_names = { [0] = "q", "k", "v", "o", "gate", "up", "down", "lm_head", "router", "expert_gate", "expert_up",
+                     "expert_down" }
+M.role_names = role_names
 local format_names = { [0] = "memory", "hf", "gguf" }
 local rope_names = { [0] = "default", "linear", "llama3", "freq_factors" }
 local rope_enum = { default = 0, linear = 1, llama3 = 2, freq_factors = 3 }
@@ -28,8 +35,11 @@ local function ptr(m)
 end
 
 local function config_table(c)
-  local eos = {}
+  local eos, only = {}, {}
   for i = 0, c.n_eos - 1 do eos[#eos + 1] = c.eos_token_ids[i] end
+  for l = 0, 255 do
+    if bit.band(bit.rshift(c.mlp_only_layers[math.floor(l / 64)], l % 64), 1ULL) ~= 0ULL then only[#only + 1] = l end
+  end
   return {
     arch = arch_names[c.arch], vocab_size = tonumber(c.vocab_size), hidden_size = tonumber(c.hidden_size),
     intermediate_size = tonumber(c.intermediate_size), n_layers = tonumber(c.n_layers),
@@ -41,7 +51,18 @@ local function config_table(c)
     qkv_bias = c.qkv_bias ~= 0, o_bias = c.o_bias ~= 0, mlp_bias = c.mlp_bias ~= 0, qk_norm = c.qk_norm ~= 0,
     tied = c.tied ~= 0, sliding_window = tonumber(c.sliding_window),
     bos = c.bos_token_id >= 0 and c.bos_token_id or nil, eos = eos,
+    n_experts = c.n_experts, n_experts_per_tok = c.n_experts_per_tok, norm_topk_prob = c.norm_topk_prob ~= 0,
+    moe_intermediate_size = tonumber(c.moe_intermediate_size), decoder_sparse_step = c.decoder_sparse_step,
+    mlp_only_layers = only,
   }
+end
+
+-- Whether layer l (from 0) of a config has the sparse MLP (model.c's nb_model_layer_is_moe).
+local function layer_is_moe(cfg, l)
+  local step = cfg.decoder_sparse_step > 0 and cfg.decoder_sparse_step or 1
+  if cfg.n_experts <= 0 or (l + 1) % step ~= 0 then return false end
+  for _, x in ipairs(cfg.mlp_only_layers) do if x == l then return false end end
+  return true
 end
 
 local function wrap_model(p, path)
@@ -73,8 +94,15 @@ function M.new(cfg, opts)
   for k, v in pairs(cfg) do
     if k == "arch" then
       local a = arch_enum[v]
-      if not a then fail("model.new: unknown arch '" .. tostring(v) .. "' (llama, mistral, qwen2, qwen3)") end
+      if not a then
+        fail("model.new: unknown arch '" .. tostring(v) .. "' (llama, mistral, qwen2, qwen3, mixtral, qwen3_moe)")
+      end
       c.arch = a
+    elseif k == "mlp_only_layers" then
+      for _, l in ipairs(v) do
+        if l < 0 or l >= 256 then fail("model.new: mlp_only_layers entries must be in [0, 256)") end
+        c.mlp_only_layers[math.floor(l / 64)] = bit.bor(c.mlp_only_layers[math.floor(l / 64)], bit.lshift(1ULL, l % 64))
+      end
     elseif k == "rope" then
       local r = rope_enum[v]
       if not r then fail("model.new: unknown rope '" .. tostring(v) .. "'") end
@@ -127,9 +155,21 @@ function M.modules_of(cfg)
       out[#out + 1] = { name = p .. ".self_attn.q_norm", kind = "norm" }
       out[#out + 1] = { name = p .. ".self_attn.k_norm", kind = "norm" }
     end
-    lin(p .. ".mlp.gate_proj", D, F)
-    lin(p .. ".mlp.up_proj", D, F)
-    lin(p .. ".mlp.down_proj", F, D)
+    if layer_is_moe(cfg, l) then
+      local blk, names = moe_names[cfg.arch][1], moe_names[cfg.arch][2]
+      local Fe = cfg.moe_intermediate_size
+      lin(p .. "." .. blk .. ".gate", D, cfg.n_experts)
+      for e = 0, cfg.n_experts - 1 do
+        local q = p .. "." .. blk .. ".experts." .. e .. "."
+        lin(q .. names[1], D, Fe)
+        lin(q .. names[2], D, Fe)
+        lin(q .. names[3], Fe, D)
+      end
+    else
+      lin(p .. ".mlp.gate_proj", D, F)
+      lin(p .. ".mlp.up_proj", D, F)
+      lin(p .. ".mlp.down_proj", F, D)
+    end
     out[#out + 1] = { name = p .. ".input_layernorm", kind = "norm" }
     out[#out + 1] = { name = p .. ".post_attention_layernorm", kind = "norm" }
   end
@@ -175,6 +215,7 @@ local function module_record(m, i)
     r.in_features, r.out_features = tonumber(li.in_features), tonumber(li.out_features)
     r.layer = li.layer >= 0 and li.layer or nil
     r.role = role_names[li.role]
+    r.expert = li.expert >= 0 and li.expert or nil
     r.bias = li.has_bias ~= 0
     r.tied = li.tied ~= 0
     r.weight = ffi.string(C.nb_model_param_name(p, li.weight_param))

@@ -128,7 +128,7 @@ static const char *patched_gguf(const char *find, size_t flen, size_t off, const
 static void test_config_errors(nb_ctx *ctx) {
     CHECK_OK(ctx, load(ctx, make_dir(NULL, NULL, NULL)));
     CHECK_FAIL(ctx, load(ctx, make_dir("\"llama\"", "\"gpt2\"", NULL)), NB_ERR_UNSUPPORTED,
-               "unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3)");
+               "unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3, mixtral, qwen3_moe)");
     CHECK_FAIL(ctx, load(ctx, make_dir("LlamaForCausalLM", "LlamaForSequenceClassification", NULL)), NB_ERR_UNSUPPORTED,
                "unsupported architectures entry 'LlamaForSequenceClassification'");
     CHECK_FAIL(ctx, load(ctx, make_dir("\"silu\"", "\"gelu\"", NULL)), NB_ERR_UNSUPPORTED, "hidden_act 'gelu'");

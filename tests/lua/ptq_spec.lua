@@ -373,7 +373,8 @@ end)
 
 describe("plans without weights", function()
   it("model.modules_of / read_config (config + file headers) equal the loaded model's modules and config", function()
-    local paths = { llama3, nbspec.source_dir .. "/tests/golden/data/model_qwen3" }
+    local paths = { llama3, nbspec.source_dir .. "/tests/golden/data/model_qwen3",
+                    nbspec.source_dir .. "/tests/golden/moe/mixtral", nbspec.source_dir .. "/tests/golden/moe/qwen3moe_norm" }
     if not stories then
       nbspec.skip_part("the plans of stories260K's HF folder and GGUF")
     else
@@ -392,6 +393,27 @@ describe("plans without weights", function()
     assert.matches("self_attn.q_norm$", q3[6].name)
     assert.is_false(nibble.model.modules_of(llama3)[#nibble.model.modules_of(llama3)].tied)
     assert.matches("cannot open /nonexistent", err_of(nibble.model.read_config, "/nonexistent"), nil, true)
+  end)
+
+  it("plans a mixture of experts: every expert linear quantized, routers excluded, mlp_only layers dense", function()
+    local moe = nbspec.source_dir .. "/tests/golden/moe/qwen3moe_norm"
+    local plan = {}
+    for _, e in ipairs(recipe.resolve(recipe.compose(recipe.new { extends = "units/nvfp4_w4a16" }),
+                                      nibble.model.modules_of(moe))) do plan[e.name] = e end
+    assert.are.equal("nvfp4_w4a16", plan["model.layers.0.mlp.experts.7.down_proj"].format)
+    assert.are.equal("nvfp4_w4a16", plan["model.layers.2.mlp.experts.0.gate_proj"].format)
+    assert.are.equal("nvfp4_w4a16", plan["model.layers.1.mlp.gate_proj"].format)   -- mlp_only_layers = [1]
+    assert.is_nil(plan["model.layers.1.mlp.gate"])
+    assert.is_nil(plan["model.layers.0.mlp.gate"].format)
+    assert.are.equal("MoE gate (default exclusion)", plan["model.layers.0.mlp.gate"].reason)
+    local m = nibble.model.load(moe)
+    assert.are.same({ 1 }, m.config.mlp_only_layers)
+    assert.are.equal(8, m.config.n_experts)
+    assert.is_true(m.config.norm_topk_prob)
+    local up = m:module("model.layers.2.mlp.experts.5.up_proj")
+    assert.are.equal("expert_up", up.role)
+    assert.are.equal(5, up.expert)
+    assert.are.equal(2, up.layer)
   end)
 
   it("a dry run loads no weight: the plan of a checkpoint whose weights nb_model_load refuses", function()

@@ -2,7 +2,8 @@
  * a tree of named modules with HF names, float32 master parameters with matching gradients, batched
  * forward and backward (recomputed per layer so activation memory stays bounded), linear-layer
  * quantization hooks, a KV cache for decoding (nibble/generate.h) and perplexity / KL evaluation.
- * Architectures: llama (Llama 2/3/3.x, TinyLlama, SmolLM, llama2.c), mistral, qwen2, qwen3. */
+ * Architectures: llama (Llama 2/3/3.x, TinyLlama, SmolLM, llama2.c), mistral, qwen2, qwen3, and the
+ * mixtures of experts mixtral and qwen3_moe (HF directories). */
 #ifndef NIBBLE_MODEL_H
 #define NIBBLE_MODEL_H
 
@@ -17,7 +18,9 @@ typedef enum nb_arch {
     NB_ARCH_LLAMA = 0,
     NB_ARCH_MISTRAL = 1,
     NB_ARCH_QWEN2 = 2,
-    NB_ARCH_QWEN3 = 3
+    NB_ARCH_QWEN3 = 3,
+    NB_ARCH_MIXTRAL = 4,       /* MixtralForCausalLM: llama attention, block_sparse_moe */
+    NB_ARCH_QWEN3_MOE = 5      /* Qwen3MoeForCausalLM: qwen3 attention, mlp.gate + mlp.experts */
 } nb_arch;
 
 typedef enum nb_rope_kind {
@@ -61,6 +64,16 @@ typedef struct nb_model_config {
     int32_t bos_token_id;               /* -1 if none */
     int32_t n_eos;
     int32_t eos_token_ids[NB_MODEL_MAX_EOS];
+    /* Mixture of experts (n_experts > 0): the MLP of a sparse layer is a router (a linear D -> E,
+     * softmax, top n_experts_per_tok, renormalised when norm_topk_prob) over E SwiGLU experts of width
+     * moe_intermediate_size; layer l is sparse when (l + 1) % decoder_sparse_step == 0 and bit l of
+     * mlp_only_layers is clear (qwen3_moe); the other layers keep the dense MLP of intermediate_size. */
+    int32_t n_experts;                  /* 0: every layer dense */
+    int32_t n_experts_per_tok;
+    int32_t norm_topk_prob;
+    int64_t moe_intermediate_size;
+    int32_t decoder_sparse_step;        /* 0 is read as 1 */
+    uint64_t mlp_only_layers[4];        /* bit l: layer l < 256 keeps the dense MLP */
 } nb_model_config;
 
 typedef enum nb_module_kind {
@@ -72,7 +85,11 @@ typedef enum nb_module_kind {
 
 typedef enum nb_linear_role {
     NB_LINEAR_Q = 0, NB_LINEAR_K = 1, NB_LINEAR_V = 2, NB_LINEAR_O = 3,
-    NB_LINEAR_GATE = 4, NB_LINEAR_UP = 5, NB_LINEAR_DOWN = 6, NB_LINEAR_LM_HEAD = 7
+    NB_LINEAR_GATE = 4, NB_LINEAR_UP = 5, NB_LINEAR_DOWN = 6, NB_LINEAR_LM_HEAD = 7,
+    NB_LINEAR_ROUTER = 8,               /* block_sparse_moe.gate / mlp.gate: hidden -> expert logits */
+    NB_LINEAR_EXPERT_GATE = 9,          /* experts.E.w1 / gate_proj */
+    NB_LINEAR_EXPERT_UP = 10,           /* experts.E.w3 / up_proj */
+    NB_LINEAR_EXPERT_DOWN = 11          /* experts.E.w2 / down_proj */
 } nb_linear_role;
 
 typedef struct nb_linear_info {
@@ -84,6 +101,7 @@ typedef struct nb_linear_info {
     int32_t tied;                       /* lm_head whose weight is model.embed_tokens.weight */
     int64_t weight_param;               /* parameter index of the weight */
     int64_t bias_param;                 /* parameter index of the bias, or -1 */
+    int32_t expert;                     /* expert index of an expert linear, else -1 */
 } nb_linear_info;
 
 /* Passes reported to input hooks: the normal forward, or the recomputation of a layer during the
@@ -140,7 +158,7 @@ NB_API nb_status nb_model_read_config(nb_ctx *ctx, const char *path, nb_model_co
 NB_API const nb_model_config *nb_model_get_config(const nb_model *m);
 NB_API int32_t nb_model_format_of(const nb_model *m);          /* nb_model_format */
 NB_API const char *nb_model_path(const nb_model *m);            /* "" for NB_MODEL_MEMORY */
-NB_API const char *nb_model_arch_name(const nb_model *m);       /* "llama", "mistral", "qwen2", "qwen3" */
+NB_API const char *nb_model_arch_name(const nb_model *m);       /* "llama", ..., "mixtral", "qwen3_moe" */
 
 /* --- parameters (HF names, float32 views; gradients in matching tensors) ---------------------- */
 

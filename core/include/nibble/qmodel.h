@@ -52,7 +52,8 @@ NB_API nb_quantizer *nb_qmodel_weight_quantizer(const nb_qmodel *qm, int64_t i);
 NB_API nb_quantizer *nb_qmodel_input_quantizer(const nb_qmodel *qm, int64_t i);  /* borrowed; NULL if none */
 
 /* Share one per-tensor amax among fused siblings that have the same weight format: q/k/v and
- * gate/up of each layer (weight quantizers and input quantizers alike). Returns the number of
+ * gate/up of each layer and each expert's gate/up (w1/w3) pair (weight quantizers and input
+ * quantizers alike). Returns the number of
  * groups made in *n_groups (may be NULL). Call after the last nb_qmodel_set. */
 NB_API nb_status nb_qmodel_fuse_siblings(nb_ctx *ctx, nb_qmodel *qm, int64_t *n_groups);
 

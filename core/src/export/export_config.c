@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "export/export_internal.h"
+#include "model/arch/arch.h"
 #include "nibble/formats.h"
 
 /* ---- per-module quant_algo and the JSON ----------------------------------------------------- */
@@ -338,11 +339,11 @@ void nbx_set_torch_dtype(cJSON *config, nb_dtype dt) {
 /* config.json for a model that came without one (GGUF, memory): the HF fields transformers needs. */
 cJSON *nbx_synth_config(const nb_qmodel *qm, nb_dtype dt) {
     const nb_model_config *c = nb_model_get_config(qm->m);
-    static const char *arch_cls[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    const nb_arch_family *fam = nb_arch_family_of(c->arch);
     const char *type = nb_model_arch_name(qm->m);
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(arch_cls[c->arch >= 0 && c->arch < 4 ? c->arch : 0]));
+    cJSON_AddItemToArray(arch, cJSON_CreateString(fam ? fam->hf_class : "LlamaForCausalLM"));
     cJSON_AddBoolToObject(j, "attention_bias", c->qkv_bias != 0);
     if (c->bos_token_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
     if (c->n_eos == 1) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_ids[0]);
@@ -379,6 +380,19 @@ cJSON *nbx_synth_config(const nb_qmodel *qm, nb_dtype dt) {
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tied != 0);
     cJSON_AddStringToObject(j, "torch_dtype", torch_dtype_name(dt));
     cJSON_AddNumberToObject(j, "vocab_size", (double)c->vocab_size);
+    if (c->n_experts > 0) {   /* the experts' fields as each family's config class names them */
+        int mixtral = c->arch == NB_ARCH_MIXTRAL;
+        cJSON_AddNumberToObject(j, mixtral ? "num_local_experts" : "num_experts", c->n_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", c->n_experts_per_tok);
+        if (!mixtral) {
+            cJSON_AddNumberToObject(j, "moe_intermediate_size", (double)c->moe_intermediate_size);
+            cJSON_AddBoolToObject(j, "norm_topk_prob", c->norm_topk_prob != 0);
+            cJSON_AddNumberToObject(j, "decoder_sparse_step", c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1);
+            cJSON *only = cJSON_AddArrayToObject(j, "mlp_only_layers");
+            for (int l = 0; l < 256; l++)
+                if (c->mlp_only_layers[l / 64] >> (l % 64) & 1) cJSON_AddItemToArray(only, cJSON_CreateNumber(l));
+        }
+    }
     return j;
 }
 

@@ -34,6 +34,7 @@ typedef struct nb_param_rec {
 typedef struct nb_linear {
     int64_t module;             /* module index */
     int32_t layer, role;
+    int32_t expert;             /* -1 unless an expert linear */
     int64_t in, out;
     int64_t pw, pb;             /* parameter indices (pb -1 without bias) */
     int32_t has_hook;
@@ -45,6 +46,11 @@ typedef struct nb_layer {
     nb_linear lin[NB_LIN_PER_LAYER];   /* q k v o gate up down */
     int64_t p_attn_norm, p_mlp_norm, p_q_norm, p_k_norm;   /* -1 when absent */
     int64_t window;
+    /* mixture of experts (moe set): lin[gate..down] are unused, the router and 3 linears per expert
+     * (ex[3e + 0/1/2] = gate, up, down) take their place */
+    int32_t moe;
+    nb_linear router;
+    nb_linear *ex;
 } nb_layer;
 
 typedef struct nb_module_rec {
@@ -66,7 +72,13 @@ typedef struct nb_layer_act {
     float *att, *lse;
     float *xmid;
     float *h2, *rstd2;
-    float *g, *u, *a;
+    float *g, *u, *a;                  /* [N][F], or [N*k][Fe] by expert slot in a MoE layer */
+    /* MoE layers: router probabilities, each token's top-k (experts, weights, slots) and the
+     * per-slot tensors, slots grouped by expert (expert e owns slots offs[e] .. offs[e+1]-1) */
+    float *xbr;                        /* hooked router input copy */
+    float *probs, *topw;               /* [N][E], [N][k] */
+    int32_t *topi, *slot, *tok, *offs; /* [N][k] experts, [N][k] slots, [N*k] slot -> token, [E+1] */
+    float *xg, *xbe[3], *y;            /* gathered input [N*k][D], hooked copies, expert outputs [N*k][D] */
 } nb_layer_act;
 
 struct nb_kv_cache {
@@ -117,6 +129,7 @@ struct nb_model {
 };
 
 /* model.c */
+int nb_model_layer_is_moe(const nb_model_config *c, int64_t l);   /* layer l has the sparse MLP */
 nb_status nb_model_alloc_params(nb_ctx *ctx, nb_model *m);   /* builds params + modules from cfg */
 void nb_model_compute_inv_freq(nb_model *m);
 float *nb_model_pdata(const nb_model *m, int64_t p);         /* NULL for p < 0 */

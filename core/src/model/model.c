@@ -62,7 +62,27 @@ nb_status nb_model_validate_config(nb_ctx *ctx, const nb_model_config *c) {
                        "model config: llama3 rope_scaling needs high_freq_factor > low_freq_factor and original_max_position_embeddings > 0");
     if (c->sliding_window < 0) return nb_fail(ctx, NB_ERR_INVALID, "model config: sliding_window is negative");
     if (c->n_eos < 0 || c->n_eos > NB_MODEL_MAX_EOS) return nb_fail(ctx, NB_ERR_INVALID, "model config: n_eos out of range");
+    if (c->n_experts < 0) return nb_fail(ctx, NB_ERR_INVALID, "model config: n_experts is negative");
+    if (c->n_experts > 0) {
+        if (!nb_arch_family_of(c->arch)->moe_block)
+            return nb_fail(ctx, NB_ERR_INVALID, "model config: arch %s has no experts (n_experts must be 0)",
+                           nb_arch_family_of(c->arch)->name);
+        if (c->n_experts_per_tok < 1 || c->n_experts_per_tok > c->n_experts)
+            return nb_fail(ctx, NB_ERR_INVALID, "model config: n_experts_per_tok %d is outside [1, n_experts = %d]",
+                           (int)c->n_experts_per_tok, (int)c->n_experts);
+        if (c->moe_intermediate_size <= 0)
+            return nb_fail(ctx, NB_ERR_INVALID, "model config: moe_intermediate_size must be positive");
+        if (c->decoder_sparse_step < 0) return nb_fail(ctx, NB_ERR_INVALID, "model config: decoder_sparse_step is negative");
+    } else if (nb_arch_family_of(c->arch)->moe_block) {
+        return nb_fail(ctx, NB_ERR_INVALID, "model config: arch %s needs n_experts > 0", nb_arch_family_of(c->arch)->name);
+    }
     return NB_OK;
+}
+
+int nb_model_layer_is_moe(const nb_model_config *c, int64_t l) {
+    int64_t step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
+    if (c->n_experts <= 0 || (l + 1) % step) return 0;
+    return !(l < 256 && (c->mlp_only_layers[l / 64] >> (l % 64) & 1));
 }
 
 /* ---- building the parameter and module tables ---------------------------------------------- */
@@ -114,6 +134,7 @@ static nb_status add_linear(nb_ctx *ctx, nb_model *m, nb_linear *lin, const char
     memset(lin, 0, sizeof *lin);
     lin->layer = layer;
     lin->role = role;
+    lin->expert = -1;
     lin->in = in;
     lin->out = out;
     lin->pb = -1;
@@ -132,6 +153,7 @@ nb_status nb_model_alloc_params(nb_ctx *ctx, nb_model *m) {
     int64_t qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     char buf[256];
     nb_status s;
+    const nb_arch_family *fam = nb_arch_family_of(c->arch);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (layers)");
 
@@ -144,7 +166,13 @@ nb_status nb_model_alloc_params(nb_ctx *ctx, nb_model *m) {
         int64_t outs[NB_LIN_PER_LAYER] = {qd, kvd, kvd, D, F, F, D};
         int bias[NB_LIN_PER_LAYER] = {c->qkv_bias, c->qkv_bias, c->qkv_bias, c->o_bias, c->mlp_bias, c->mlp_bias,
                                       c->mlp_bias};
+        L->moe = nb_model_layer_is_moe(c, l);
         for (int r = 0; r < NB_LIN_PER_LAYER; r++) {
+            if (L->moe && r >= NB_LINEAR_GATE) {
+                memset(&L->lin[r], 0, sizeof L->lin[r]);
+                L->lin[r].pw = L->lin[r].pb = -1;
+                continue;
+            }
             snprintf(buf, sizeof buf, "model.layers.%lld.%s", (long long)l, k_lin_names[r]);
             if ((s = add_linear(ctx, m, &L->lin[r], buf, (int)l, r, ins[r], outs[r], bias[r]))) return s;
             if (r == NB_LINEAR_O && c->qk_norm) {
@@ -153,6 +181,23 @@ nb_status nb_model_alloc_params(nb_ctx *ctx, nb_model *m) {
                 snprintf(buf, sizeof buf, "model.layers.%lld.self_attn.k_norm.weight", (long long)l);
                 if ((s = add_param(ctx, m, buf, 1, hd, 0, &L->p_k_norm))) return s;
             }
+        }
+        if (L->moe) {
+            int64_t E = c->n_experts, Fe = c->moe_intermediate_size;
+            L->ex = calloc((size_t)(3 * E), sizeof *L->ex);
+            if (!L->ex) return nb_fail(ctx, NB_ERR_NOMEM, "out of memory (experts)");
+            snprintf(buf, sizeof buf, "model.layers.%lld.%s.gate", (long long)l, fam->moe_block);
+            if ((s = add_linear(ctx, m, &L->router, buf, (int)l, NB_LINEAR_ROUTER, D, E, 0))) return s;
+            int64_t eins[3] = {D, D, Fe}, eouts[3] = {Fe, Fe, D};
+            for (int64_t e = 0; e < E; e++)
+                for (int r = 0; r < 3; r++) {
+                    snprintf(buf, sizeof buf, "model.layers.%lld.%s.experts.%lld.%s", (long long)l, fam->moe_block,
+                             (long long)e, fam->expert_names[r]);
+                    if ((s = add_linear(ctx, m, &L->ex[3 * e + r], buf, (int)l, NB_LINEAR_EXPERT_GATE + r, eins[r],
+                                        eouts[r], 0)))
+                        return s;
+                    L->ex[3 * e + r].expert = (int32_t)e;
+                }
         }
         snprintf(buf, sizeof buf, "model.layers.%lld.input_layernorm.weight", (long long)l);
         if ((s = add_param(ctx, m, buf, 1, D, 0, &L->p_attn_norm))) return s;
@@ -163,6 +208,7 @@ nb_status nb_model_alloc_params(nb_ctx *ctx, nb_model *m) {
     if (c->tied) {
         memset(&m->lm_head, 0, sizeof m->lm_head);
         m->lm_head.layer = -1;
+        m->lm_head.expert = -1;
         m->lm_head.role = NB_LINEAR_LM_HEAD;
         m->lm_head.in = D;
         m->lm_head.out = c->vocab_size;
@@ -211,9 +257,27 @@ nb_status nb_model_alloc_params(nb_ctx *ctx, nb_model *m) {
             snprintf(buf, sizeof buf, "model.layers.%lld.self_attn.k_norm", (long long)l);
             if ((s = add_module(ctx, m, buf, NB_MODULE_RMSNORM, NULL))) return s;
         }
+        if (L->moe) {
+            const char *blk = fam->moe_block;
+            snprintf(buf, sizeof buf, "model.layers.%lld.%s", (long long)l, blk);
+            if ((s = add_module(ctx, m, buf, NB_MODULE_CONTAINER, NULL))) return s;
+            snprintf(buf, sizeof buf, "model.layers.%lld.%s.gate", (long long)l, blk);
+            if ((s = add_module(ctx, m, buf, NB_MODULE_LINEAR, &L->router))) return s;
+            snprintf(buf, sizeof buf, "model.layers.%lld.%s.experts", (long long)l, blk);
+            if ((s = add_module(ctx, m, buf, NB_MODULE_CONTAINER, NULL))) return s;
+            for (int64_t e = 0; e < c->n_experts; e++) {
+                snprintf(buf, sizeof buf, "model.layers.%lld.%s.experts.%lld", (long long)l, blk, (long long)e);
+                if ((s = add_module(ctx, m, buf, NB_MODULE_CONTAINER, NULL))) return s;
+                for (int r = 0; r < 3; r++) {
+                    snprintf(buf, sizeof buf, "model.layers.%lld.%s.experts.%lld.%s", (long long)l, blk, (long long)e,
+                             fam->expert_names[r]);
+                    if ((s = add_module(ctx, m, buf, NB_MODULE_LINEAR, &L->ex[3 * e + r]))) return s;
+                }
+            }
+        }
         snprintf(buf, sizeof buf, "model.layers.%lld.mlp", (long long)l);
-        if ((s = add_module(ctx, m, buf, NB_MODULE_CONTAINER, NULL))) return s;
-        for (int r = 4; r < NB_LIN_PER_LAYER; r++) {
+        if (!L->moe && (s = add_module(ctx, m, buf, NB_MODULE_CONTAINER, NULL))) return s;
+        for (int r = 4; !L->moe && r < NB_LIN_PER_LAYER; r++) {
             snprintf(buf, sizeof buf, "model.layers.%lld.%s", (long long)l, k_lin_names[r]);
             if ((s = add_module(ctx, m, buf, NB_MODULE_LINEAR, &L->lin[r]))) return s;
         }
@@ -317,6 +381,7 @@ void nb_model_free(nb_model *m) {
     free(m->modules);
     nb_tensor_release(m->flat_t);
     nb_tensor_release(m->gflat_t);
+    for (int64_t l = 0; m->layers && l < m->cfg.n_layers; l++) free(m->layers[l].ex);
     free(m->layers);
     free(m->inv_freq);
     free(m->rope_ff);
@@ -521,6 +586,7 @@ nb_status nb_model_linear_info(nb_ctx *ctx, const nb_model *m, int64_t module, n
     out->tied = l->role == NB_LINEAR_LM_HEAD && m->cfg.tied;
     out->weight_param = l->pw;
     out->bias_param = l->pb;
+    out->expert = l->expert;
     return NB_OK;
 }
 

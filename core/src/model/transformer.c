@@ -1,7 +1,9 @@
 /* Forward and backward, in float32, of the transformer block every architecture family shares
- * (llama, mistral, qwen2, qwen3: model/arch/ sets which biases, norms and windows a model has).
- * One code path: RMSNorm -> q/k/v (+bias) -> [q/k RMSNorm] -> RoPE (rotate-half) -> causal GQA
- * attention -> o -> residual -> RMSNorm -> SwiGLU MLP -> residual; final RMSNorm; lm_head.
+ * (llama, mistral, qwen2, qwen3, mixtral, qwen3_moe: model/arch/ sets which biases, norms, windows
+ * and experts a model has). One code path: RMSNorm -> q/k/v (+bias) -> [q/k RMSNorm] -> RoPE
+ * (rotate-half) -> causal GQA attention -> o -> residual -> RMSNorm -> SwiGLU MLP, or in a sparse
+ * layer a router and top-k SwiGLU experts -> residual; final RMSNorm; lm_head. The experts' tokens
+ * are grouped by expert so that each expert's linears run as one GEMM over all of its tokens.
  * The backward either reuses every layer's activations or recomputes one layer at a time from the
  * saved layer inputs (nb_model_set_recompute; by default whichever fits the activation budget), and
  * treats the linear hooks as straight-through. */
@@ -114,6 +116,28 @@ static size_t act_layout(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A, i
     SLOT(A->xmid, N * D);
     SLOT(A->h2, N * D);
     SLOT(A->rstd2, N);
+    float *ints[4] = {NULL, NULL, NULL, NULL};
+    A->xbr = A->probs = A->topw = A->xg = A->y = NULL;
+    A->xbe[0] = A->xbe[1] = A->xbe[2] = NULL;
+    if (L->moe) {
+        size_t E = (size_t)c->n_experts, NK = N * (size_t)c->n_experts_per_tok, Fe = (size_t)c->moe_intermediate_size;
+        F = (size_t)c->n_experts_per_tok * Fe;   /* g, u, a: one row of Fe per expert slot */
+        if (L->router.has_hook && L->router.hook.input) SLOT(A->xbr, N * D);
+        SLOT(A->probs, N * E);
+        SLOT(A->topw, NK);
+        SLOT(ints[0], NK);
+        SLOT(ints[1], NK);
+        SLOT(ints[2], NK);
+        SLOT(ints[3], E + 1);
+        SLOT(A->xg, NK * D);
+        size_t eins[3] = {D, D, Fe};
+        for (int r = 0; r < 3; r++) {
+            int hooked = 0;
+            for (size_t ex = 0; ex < E; ex++) hooked |= L->ex[3 * ex + r].has_hook && L->ex[3 * ex + r].hook.input;
+            if (hooked) SLOT(A->xbe[r], NK * eins[r]);
+        }
+        SLOT(A->y, NK * D);
+    }
     SLOT(A->g, N * F);
     SLOT(A->u, N * F);
     SLOT(A->a, N * F);
@@ -128,6 +152,10 @@ static size_t act_layout(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A, i
         *ptrs[i] = p;
         p += al16(sizes[i]);
     }
+    A->topi = (int32_t *)ints[0];   /* int32 and float share size and alignment */
+    A->slot = (int32_t *)ints[1];
+    A->tok = (int32_t *)ints[2];
+    A->offs = (int32_t *)ints[3];
     return total;
 }
 
@@ -145,6 +173,154 @@ static nb_status acts_prepare(nb_ctx *ctx, nb_model *m, int64_t n_records) {
         m->acts = a;
         m->n_acts = n_records;
     }
+    return NB_OK;
+}
+
+/* ---- mixture of experts -------------------------------------------------------------------- */
+
+/* What an expert linear's product read: its hooked copy, or the shared per-slot tensor. */
+static const float *ex_in(const nb_linear *lin, float *hooked, const float *plain, int64_t off) {
+    return lin->has_hook && lin->hook.input ? hooked + off * lin->in : plain + off * lin->in;
+}
+
+/* The sparse MLP of layer L on A->h2 [N][D]: router softmax, top-k (ties to the lower index, the
+ * weights renormalised when norm_topk_prob), tokens grouped by expert, the experts' SwiGLU per group;
+ * with xout non-NULL (holding the residual) adds sum_j w_j y_j to it. */
+static nb_status moe_fwd(nb_ctx *ctx, nb_model *m, nb_layer *L, nb_layer_act *A, int64_t N, float *xout, int pass) {
+    const nb_model_config *c = &m->cfg;
+    int64_t D = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok, Fe = c->moe_intermediate_size;
+    nb_status s;
+    if ((s = lin_fwd(ctx, m, &L->router, A->h2, A->xbr, N, A->probs, 0, pass, NULL))) return s;
+    for (int64_t t = 0; t < N; t++) {
+        float *p = A->probs + t * E, mx = p[0];
+        for (int64_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        double sum = 0;
+        for (int64_t e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        for (int64_t e = 0; e < E; e++) p[e] = (float)(p[e] / sum);
+        int32_t *ti = A->topi + t * k;
+        float *tw = A->topw + t * k, tot = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            int32_t best = -1;
+            for (int32_t e = 0; e < (int32_t)E; e++) {
+                int taken = 0;
+                for (int64_t q = 0; q < j; q++) taken |= ti[q] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ti[j] = best;
+            tw[j] = p[best];
+            tot += p[best];
+        }
+        if (c->norm_topk_prob)
+            for (int64_t j = 0; j < k; j++) tw[j] /= tot;
+    }
+    /* group: offs[e] .. offs[e+1]-1 are expert e's slots, in token order */
+    int32_t *offs = A->offs;
+    memset(offs, 0, sizeof(int32_t) * (size_t)(E + 1));
+    for (int64_t i = 0; i < N * k; i++) offs[A->topi[i] + 1]++;
+    for (int64_t e = 0; e < E; e++) offs[e + 1] += offs[e];
+    for (int64_t i = 0; i < N * k; i++) {
+        int32_t a = offs[A->topi[i]]++;
+        A->slot[i] = a;
+        A->tok[a] = (int32_t)(i / k);
+    }
+    for (int64_t e = E; e > 0; e--) offs[e] = offs[e - 1];
+    offs[0] = 0;
+    for (int64_t a = 0; a < N * k; a++) memcpy(A->xg + a * D, A->h2 + (int64_t)A->tok[a] * D, sizeof(float) * (size_t)D);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t off = offs[e], n = offs[e + 1] - off;
+        if (!n) continue;
+        nb_linear *g = &L->ex[3 * e], *u = g + 1;
+        if ((s = lin_fwd(ctx, m, g, A->xg + off * D, A->xbe[0] ? A->xbe[0] + off * D : NULL, n, A->g + off * Fe, 0,
+                         pass, NULL)))
+            return s;
+        if ((s = lin_fwd(ctx, m, u, A->xg + off * D, A->xbe[1] ? A->xbe[1] + off * D : NULL, n, A->u + off * Fe, 0,
+                         pass, NULL)))
+            return s;
+    }
+    if ((s = nb_op_swiglu_fwd(ctx, A->g, A->u, A->a, N * k * Fe))) return s;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t off = offs[e], n = offs[e + 1] - off;
+        if (!n) continue;
+        if ((s = lin_fwd(ctx, m, &L->ex[3 * e + 2], A->a + off * Fe, A->xbe[2] ? A->xbe[2] + off * Fe : NULL, n,
+                         A->y + off * D, 0, pass, NULL)))
+            return s;
+    }
+    if (xout)
+        for (int64_t t = 0; t < N; t++)
+            for (int64_t j = 0; j < k; j++) {
+                const float *y = A->y + (int64_t)A->slot[t * k + j] * D;
+                float w = A->topw[t * k + j], *o = xout + t * D;
+                for (int64_t d = 0; d < D; d++) o[d] += w * y[d];
+            }
+    return NB_OK;
+}
+
+typedef struct {
+    float *dA, *dh, *datt, *dq, *dk, *dv, *dqpre, *dkpre;
+    float *dY, *dXg, *dlog;   /* MoE: per slot [N*k][D] twice, router logits [N][E] */
+    double *dw;               /* MoE: [N][k] gradients of the routing weights */
+} bwd_scratch;
+
+/* dx: dL/d(layer output); writes dL/dh2 into S->dh (experts and router). */
+static nb_status moe_bwd(nb_ctx *ctx, nb_model *m, nb_layer *L, nb_layer_act *A, int64_t N, const float *dx,
+                         const bwd_scratch *S) {
+    const nb_model_config *c = &m->cfg;
+    int64_t D = c->hidden_size, E = c->n_experts, k = c->n_experts_per_tok, Fe = c->moe_intermediate_size;
+    nb_status s;
+    for (int64_t t = 0; t < N; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t a = A->slot[t * k + j];
+            const float *y = A->y + a * D, *g = dx + t * D;
+            float w = A->topw[t * k + j], *dy = S->dY + a * D;
+            double dot = 0;
+            for (int64_t d = 0; d < D; d++) {
+                dot += (double)g[d] * y[d];
+                dy[d] = w * g[d];
+            }
+            S->dw[t * k + j] = dot;
+        }
+    const int32_t *offs = A->offs;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t off = offs[e], n = offs[e + 1] - off;
+        if (!n) continue;
+        const nb_linear *dn = &L->ex[3 * e + 2];
+        lin_bwd(ctx, m, dn, ex_in(dn, A->xbe[2], A->a, off), S->dY + off * D, S->dA + off * Fe, 0, n);
+    }
+    if ((s = nb_op_swiglu_bwd(ctx, A->g, A->u, S->dA, A->g, A->u, N * k * Fe))) return s;   /* g,u <- dg,du */
+    for (int64_t e = 0; e < E; e++) {
+        int64_t off = offs[e], n = offs[e + 1] - off;
+        if (!n) continue;
+        const nb_linear *g = &L->ex[3 * e], *u = g + 1;
+        lin_bwd(ctx, m, g, ex_in(g, A->xbe[0], A->xg, off), A->g + off * Fe, S->dXg + off * D, 0, n);
+        lin_bwd(ctx, m, u, ex_in(u, A->xbe[1], A->xg, off), A->u + off * Fe, S->dXg + off * D, 1, n);
+    }
+    memset(S->dh, 0, sizeof(float) * (size_t)(N * D));
+    for (int64_t a = 0; a < N * k; a++) {
+        float *dh = S->dh + (int64_t)A->tok[a] * D;
+        const float *src = S->dXg + a * D;
+        for (int64_t d = 0; d < D; d++) dh[d] += src[d];
+    }
+    /* router: through the (renormalised) top-k weights and the softmax */
+    for (int64_t t = 0; t < N; t++) {
+        const float *p = A->probs + t * E;
+        const int32_t *ti = A->topi + t * k;
+        const double *dw = S->dw + t * k;
+        double tot = 0, wdw = 0, pdp = 0;
+        for (int64_t j = 0; j < k; j++) {
+            tot += p[ti[j]];
+            wdw += dw[j] * A->topw[t * k + j];
+        }
+        float *dl = S->dlog + t * E;
+        for (int64_t e = 0; e < E; e++) dl[e] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            double d = c->norm_topk_prob ? (dw[j] - wdw) / tot : dw[j];
+            pdp += d * p[ti[j]];
+            dl[ti[j]] = (float)d;   /* dL/dp for the chosen experts, 0 elsewhere */
+        }
+        for (int64_t e = 0; e < E; e++) dl[e] = (float)((double)p[e] * ((double)dl[e] - pdp));
+    }
+    const nb_linear *r = &L->router;
+    lin_bwd(ctx, m, r, r->has_hook && r->hook.input ? A->xbr : A->h2, S->dlog, S->dh, 1, N);
     return NB_OK;
 }
 
@@ -214,6 +390,11 @@ static nb_status layer_fwd(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A,
     if ((s = nb_op_rmsnorm_fwd(ctx, A->xmid, nb_model_pdata(m, L->p_mlp_norm), A->h2, A->rstd2, N, D,
                                (float)c->rms_eps)))
         return s;
+    if (L->moe) {
+        /* the recompute (xout NULL) needs the experts' outputs too: the router's gradient reads them */
+        if (xout && xout != A->xmid) memcpy(xout, A->xmid, sizeof(float) * (size_t)(N * D));
+        return moe_fwd(ctx, m, L, A, N, xout, e->pass);
+    }
     if ((s = lin_fwd(ctx, m, &L->lin[LG], A->h2, A->xbuf[LG], N, A->g, 0, e->pass, &A->xin[LG]))) return s;
     if ((s = lin_fwd(ctx, m, &L->lin[LU], A->h2, A->xbuf[LU], N, A->u, 0, e->pass, &A->xin[LU]))) return s;
     if ((s = nb_op_swiglu_fwd(ctx, A->g, A->u, A->a, N * F))) return s;
@@ -233,10 +414,6 @@ static nb_status layer_fwd(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A,
     return lin_fwd(ctx, m, &L->lin[LD], A->a, A->xbuf[LD], N, xout, 1, e->pass, &A->xin[LD]);
 }
 
-typedef struct {
-    float *dA, *dh, *datt, *dq, *dk, *dv, *dqpre, *dkpre;
-} bwd_scratch;
-
 /* dx holds dL/d(layer output) on entry and dL/d(layer input) on return. */
 static nb_status layer_bwd(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A, const float *x, float *dx,
                            const fwd_env *e, const bwd_scratch *S) {
@@ -246,10 +423,14 @@ static nb_status layer_bwd(nb_ctx *ctx, nb_model *m, int64_t l, nb_layer_act *A,
     int64_t F = c->intermediate_size;
     nb_status s;
     /* MLP */
-    lin_bwd(ctx, m, &L->lin[LD], A->xin[LD], dx, S->dA, 0, N);
-    if ((s = nb_op_swiglu_bwd(ctx, A->g, A->u, S->dA, A->g, A->u, N * F))) return s;   /* g,u <- dg,du */
-    lin_bwd(ctx, m, &L->lin[LG], A->xin[LG], A->g, S->dh, 0, N);
-    lin_bwd(ctx, m, &L->lin[LU], A->xin[LU], A->u, S->dh, 1, N);
+    if (L->moe) {
+        if ((s = moe_bwd(ctx, m, L, A, N, dx, S))) return s;
+    } else {
+        lin_bwd(ctx, m, &L->lin[LD], A->xin[LD], dx, S->dA, 0, N);
+        if ((s = nb_op_swiglu_bwd(ctx, A->g, A->u, S->dA, A->g, A->u, N * F))) return s;   /* g,u <- dg,du */
+        lin_bwd(ctx, m, &L->lin[LG], A->xin[LG], A->g, S->dh, 0, N);
+        lin_bwd(ctx, m, &L->lin[LU], A->xin[LU], A->u, S->dh, 1, N);
+    }
     if ((s = nb_op_rmsnorm_bwd(ctx, A->xmid, nb_model_pdata(m, L->p_mlp_norm), A->rstd2, S->dh, dx,
                                nb_model_gdata(m, L->p_mlp_norm), N, D)))
         return s;
@@ -443,8 +624,12 @@ nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *op
     m->have_train = 0;   /* the saved activations are consumed (overwritten) below */
 
     size_t nD = al16((size_t)(N * D));
+    size_t NK = c->n_experts > 0 ? (size_t)(N * c->n_experts_per_tok) : 0, Fe = (size_t)c->moe_intermediate_size;
+    size_t nA = (size_t)(N * F) > NK * Fe ? (size_t)(N * F) : NK * Fe;
+    size_t moe_need = NK ? 2 * al16(NK * (size_t)D) + al16((size_t)(N * c->n_experts)) + 2 * al16(NK) : 0;
     size_t need = 2 * nD                                      /* dx, dhf */
-                  + al16((size_t)(N * F)) + nD                 /* dA, dh */
+                  + al16(nA) + nD                              /* dA, dh */
+                  + moe_need                                   /* dY, dXg, dlog, dw (doubles) */
                   + 2 * al16((size_t)(N * qd)) + 2 * al16((size_t)(N * kvd))   /* datt dq dk dv */
                   + (c->qk_norm ? al16((size_t)(N * qd)) + al16((size_t)(N * kvd)) : 0)
                   + al16((size_t)(nsel * D));                  /* dhsel */
@@ -453,7 +638,15 @@ nb_status nb_model_backward(nb_ctx *ctx, nb_model *m, const nb_backward_opts *op
     float *dx = p; p += nD;
     float *dhf = p; p += nD;
     bwd_scratch S;
-    S.dA = p; p += al16((size_t)(N * F));
+    S.dA = p; p += al16(nA);
+    S.dY = S.dXg = S.dlog = NULL;
+    S.dw = NULL;
+    if (NK) {
+        S.dY = p; p += al16(NK * (size_t)D);
+        S.dXg = p; p += al16(NK * (size_t)D);
+        S.dlog = p; p += al16((size_t)(N * c->n_experts));
+        S.dw = (double *)(void *)p; p += 2 * al16(NK);   /* 64-byte aligned, two floats a double */
+    }
     S.dh = p; p += nD;
     S.datt = p; p += al16((size_t)(N * qd));
     S.dq = p; p += al16((size_t)(N * qd));

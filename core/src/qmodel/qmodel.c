@@ -269,34 +269,47 @@ static nb_status make_group(nb_ctx *ctx, nb_qmod **members, int n, int input, co
     return s;
 }
 
+/* Fused siblings: q/k/v and gate/up of each layer, and each expert's gate/up (w1/w3) pair of a
+ * mixture of experts (vLLM's fused MoE kernels take one global scale per expert for w13). */
 nb_status nb_qmodel_fuse_siblings(nb_ctx *ctx, nb_qmodel *qm, int64_t *n_groups) {
-    static const int32_t sets[2][3] = {{NB_LINEAR_Q, NB_LINEAR_K, NB_LINEAR_V}, {NB_LINEAR_GATE, NB_LINEAR_UP, -1}};
+    static const int32_t sets[3][3] = {{NB_LINEAR_Q, NB_LINEAR_K, NB_LINEAR_V},
+                                       {NB_LINEAR_GATE, NB_LINEAR_UP, -1},
+                                       {NB_LINEAR_EXPERT_GATE, NB_LINEAR_EXPERT_UP, -1}};
     static const char *labels[2] = {"self_attn.qkv", "mlp.gate_up"};
     int64_t made = 0;
     const nb_model_config *cfg = nb_model_get_config(qm->m);
     for (int64_t layer = 0; layer < cfg->n_layers; layer++) {
-        for (int set = 0; set < 2; set++) {
-            nb_qmod *members[3];
-            int n = 0, want = sets[set][2] < 0 ? 2 : 3;
-            for (int r = 0; r < want; r++)
-                for (int64_t i = 0; i < qm->n; i++)
-                    if (qm->mods[i].info.layer == layer && qm->mods[i].info.role == sets[set][r]) members[n++] = &qm->mods[i];
-            if (n != want) continue;
-            int ok = groupable(members[0]->spec.weight_format);
-            for (int k = 1; k < n; k++) ok = ok && same_weight_kind(members[0], members[k]);
-            if (!ok || !members[0]->wq) continue;
-            char label[256];
-            snprintf(label, sizeof label, "model.layers.%lld.%s", (long long)layer, labels[set]);
-            /* ModelOpt skips the fusion for plain FP8 weights (each keeps its weight_scale; vLLM
-             * requantizes to the max at load); their input scales are equal anyway (one input) */
-            if (nb_format_desc_of((nb_qformat)members[0]->spec.weight_format)->fuse_weights &&
-                !nb_quantizer_group(members[0]->wq)) {
-                nb_status s = make_group(ctx, members, n, 0, label, &made);
-                if (s) return s;
-            }
-            if (members[0]->iq && groupable(members[0]->spec.input_format) && !nb_quantizer_group(members[0]->iq)) {
-                nb_status s = make_group(ctx, members, n, 1, label, &made);
-                if (s) return s;
+        for (int set = 0; set < 3; set++) {
+            for (int32_t ex = set < 2 ? -1 : 0; ex < (set < 2 ? 0 : cfg->n_experts); ex++) {
+                nb_qmod *members[3];
+                int n = 0, want = sets[set][2] < 0 ? 2 : 3;
+                for (int r = 0; r < want; r++)
+                    for (int64_t i = 0; i < qm->n && n < want; i++)
+                        if (qm->mods[i].info.layer == layer && qm->mods[i].info.role == sets[set][r] &&
+                            qm->mods[i].info.expert == ex)
+                            members[n++] = &qm->mods[i];
+                if (n != want) continue;
+                int ok = groupable(members[0]->spec.weight_format);
+                for (int k = 1; k < n; k++) ok = ok && same_weight_kind(members[0], members[k]);
+                if (!ok || !members[0]->wq) continue;
+                char label[256];
+                if (set < 2) {
+                    snprintf(label, sizeof label, "model.layers.%lld.%s", (long long)layer, labels[set]);
+                } else {   /* model.layers.L.<block>.experts.E.gate_up */
+                    const char *dot = strrchr(members[0]->name, '.');
+                    snprintf(label, sizeof label, "%.*s.gate_up", (int)(dot - members[0]->name), members[0]->name);
+                }
+                /* ModelOpt skips the fusion for plain FP8 weights (each keeps its weight_scale; vLLM
+                 * requantizes to the max at load); their input scales are equal anyway (one input) */
+                if (nb_format_desc_of((nb_qformat)members[0]->spec.weight_format)->fuse_weights &&
+                    !nb_quantizer_group(members[0]->wq)) {
+                    nb_status s = make_group(ctx, members, n, 0, label, &made);
+                    if (s) return s;
+                }
+                if (members[0]->iq && groupable(members[0]->spec.input_format) && !nb_quantizer_group(members[0]->iq)) {
+                    nb_status s = make_group(ctx, members, n, 1, label, &made);
+                    if (s) return s;
+                }
             }
         }
     }

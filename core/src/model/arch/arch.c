@@ -8,7 +8,7 @@
 #include "model/arch/arch.h"
 
 static const nb_arch_family *const k_families[] = {&nb_arch_llama, &nb_arch_mistral, &nb_arch_qwen2,
-                                                   &nb_arch_qwen3};
+                                                   &nb_arch_qwen3, &nb_arch_mixtral, &nb_arch_qwen3_moe};
 enum { N_FAMILIES = sizeof k_families / sizeof k_families[0] };
 
 const nb_arch_family *nb_arch_family_of(int32_t arch) {

@@ -15,4 +15,5 @@ static void gguf_config(nb_gguf *g, nb_model_config *cfg) {
     if (nb_gguf_find_tensor(g, "blk.0.attn_output.bias") >= 0) cfg->o_bias = 1;
 }
 
-const nb_arch_family nb_arch_llama = {NB_ARCH_LLAMA, "llama", "LlamaForCausalLM", 1, 1, hf_config, gguf_config};
+const nb_arch_family nb_arch_llama = {NB_ARCH_LLAMA, "llama", "LlamaForCausalLM", 1, 1, hf_config, gguf_config,
+                                       NULL, {NULL, NULL, NULL}};

@@ -8,4 +8,5 @@ static nb_status hf_config(nb_cfg_reader *c, const cJSON *o, nb_model_config *cf
     return NB_OK;
 }
 
-const nb_arch_family nb_arch_mistral = {NB_ARCH_MISTRAL, "mistral", "MistralForCausalLM", 0, 0, hf_config, NULL};
+const nb_arch_family nb_arch_mistral = {NB_ARCH_MISTRAL, "mistral", "MistralForCausalLM", 0, 0, hf_config, NULL,
+                                       NULL, {NULL, NULL, NULL}};

@@ -39,4 +39,5 @@ static void gguf_config(nb_gguf *g, nb_model_config *cfg) {
     cfg->qkv_bias = 1;
 }
 
-const nb_arch_family nb_arch_qwen2 = {NB_ARCH_QWEN2, "qwen2", "Qwen2ForCausalLM", 1, 0, hf_config, gguf_config};
+const nb_arch_family nb_arch_qwen2 = {NB_ARCH_QWEN2, "qwen2", "Qwen2ForCausalLM", 1, 0, hf_config, gguf_config,
+                                       NULL, {NULL, NULL, NULL}};
